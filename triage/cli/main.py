@@ -1,0 +1,52 @@
+"""The `triage` command line. Each command group lives in its own module."""
+
+from __future__ import annotations
+
+import logging
+
+import typer
+
+from triage.cli import (
+    admission_cmd,
+    audit_cmd,
+    bench_cmd,
+    demo_cmd,
+    kafka_cmd,
+    schema_cmd,
+    sim_cmd,
+    submit_cmd,
+    topics_cmd,
+    worker_cmd,
+)
+
+app = typer.Typer(
+    name="triage",
+    help=(
+        "Admission control for multi-tenant GPU inference, as a Kafka stream processor.\n\n"
+        "Start with `triage demo` (local broker, admission app, two simulated GPUs, three "
+        "tenants), or `triage sim` to compare policies in virtual time."
+    ),
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+app.add_typer(kafka_cmd.app, name="kafka")
+app.add_typer(topics_cmd.app, name="topics")
+app.add_typer(bench_cmd.app, name="bench")
+for module in (schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd):
+    module.register(app)
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Debug logging."),
+) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def main() -> None:
+    app()

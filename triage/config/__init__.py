@@ -1,0 +1,43 @@
+"""Configuration: pydantic models loaded from YAML."""
+
+from triage.config.errors import ConfigError
+from triage.config.load import EXAMPLE_CONFIG, config_from_dict, load_config
+from triage.config.models import (
+    DTYPE_BYTES,
+    GIB,
+    AdmissionAppConfig,
+    GpuTypeConfig,
+    HysteresisConfig,
+    KafkaConfig,
+    MetricsConfig,
+    ModelConfig,
+    PolicyConfig,
+    PolicyPreset,
+    PoolConfig,
+    PredictorConfig,
+    TenantConfig,
+    TriageConfig,
+    WorkerConfig,
+)
+
+__all__ = [
+    "DTYPE_BYTES",
+    "EXAMPLE_CONFIG",
+    "GIB",
+    "AdmissionAppConfig",
+    "ConfigError",
+    "GpuTypeConfig",
+    "HysteresisConfig",
+    "KafkaConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "PolicyConfig",
+    "PolicyPreset",
+    "PoolConfig",
+    "PredictorConfig",
+    "TenantConfig",
+    "TriageConfig",
+    "WorkerConfig",
+    "config_from_dict",
+    "load_config",
+]

@@ -1,0 +1,66 @@
+"""Load a TriageConfig from YAML, with errors that name the offending field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from triage.config.errors import ConfigError
+from triage.config.models import TriageConfig
+
+EXAMPLE_CONFIG = Path(__file__).resolve().parent.parent / "examples" / "triage.yaml"
+
+
+def _field_path(loc: tuple[int | str, ...], data: Any) -> str:
+    """Turn a pydantic location into `tenants[2].burst_tokens` (with the tenant's name)."""
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if isinstance(node, list) and 0 <= item < len(node):
+                node = node[item]
+                if isinstance(node, dict) and "name" in node:
+                    label = f"[{item}:{node['name']}]"
+            parts.append(label)
+        else:
+            parts.append(("." if parts else "") + str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "<root>"
+
+
+def _describe(err: Any, data: Any) -> str:
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not err["loc"]:
+        return f"  {msg}"
+    got = err.get("input")
+    shown = "" if err["type"] == "missing" or isinstance(got, dict | list) else f" (got {got!r})"
+    return f"  {_field_path(tuple(err['loc']), data)}: {msg}{shown}"
+
+
+def config_from_dict(data: Any, source: str = "<dict>") -> TriageConfig:
+    """Validate a parsed mapping; raise ConfigError naming each bad field."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(data).__name__}")
+    try:
+        return TriageConfig.model_validate(data)
+    except ValidationError as exc:
+        lines = [_describe(err, data) for err in exc.errors()]
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(lines)) from None
+
+
+def load_config(path: str | Path | None = None) -> TriageConfig:
+    """Load the YAML file at `path`, or the shipped example when None."""
+    p = Path(path) if path is not None else EXAMPLE_CONFIG
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read configuration: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+    return config_from_dict(data, source=str(p))

@@ -1,0 +1,329 @@
+"""The configuration of triage: one pydantic model, loaded from YAML.
+
+Every knob has a default that works on a laptop; the example file in
+``triage/examples/triage.yaml`` describes the seed's three tenants and two models.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cached_property
+from typing import Annotated, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Name = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+GpuId = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+ModelName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+
+GIB = 1024**3
+
+DTYPE_BYTES: dict[str, float] = {
+    "fp32": 4,
+    "fp16": 2,
+    "bf16": 2,
+    "fp8": 1,
+    "int8": 1,
+    "int4": 0.5,
+}
+
+
+class StrictModel(BaseModel):
+    """Base for config models: unknown keys are errors, values are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class TenantConfig(StrictModel):
+    """A tenant's contract: quota, queue, SLA, fairness weight and reserved share."""
+
+    name: Name
+    rate_tokens_per_s: PositiveFloat = Field(
+        description="Refill rate of the token bucket, in LLM tokens (prompt + expected output)."
+    )
+    burst_tokens: PositiveFloat = Field(description="Bucket capacity: the largest burst.")
+    max_debt_tokens: NonNegFloat = Field(
+        0.0, description="Borrowing ceiling against future refill; 0 disables borrowing."
+    )
+    max_requests_per_s: PositiveFloat | None = Field(
+        None, description="Request-rate limit beside the token quota (None: unlimited)."
+    )
+    max_concurrency: Annotated[int, Field(ge=1)] | None = Field(
+        None, description="Most requests of this tenant running at once (None: unlimited)."
+    )
+    allow_overage: bool = Field(
+        False, description="Over quota: admit at reduced priority instead of refusing."
+    )
+    queue_max: Annotated[int, Field(ge=0)] = Field(200, description="Per-tenant queue bound.")
+    max_queue_wait_ms: Annotated[int, Field(ge=0)] = Field(
+        2000, description="A queued request leaves with timed_out after this wait."
+    )
+    sla_ms: Annotated[int, Field(ge=1)] = Field(
+        10_000, description="Default end-to-end latency target (arrival to completion)."
+    )
+    weight: PositiveFloat = Field(1.0, description="Fair-share weight (contract value).")
+    reserved_kv_share: Fraction = Field(
+        0.0, description="Fraction of every GPU's KV budget that only this tenant may use."
+    )
+    output_ratio_prior: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
+        0.7, description="Initial guess of used/requested output tokens, until learned."
+    )
+    models: list[ModelName] | None = Field(None, description="Models the tenant may call (None: all).")
+
+
+class ModelConfig(StrictModel):
+    """A served model: KV geometry, context, pool and per-GPU memory floor."""
+
+    name: ModelName
+    pool: Name = Field(description="The GPU pool that serves this model.")
+    layers: Annotated[int, Field(ge=1, le=1024)]
+    kv_heads: Annotated[int, Field(ge=1, le=1024)]
+    head_dim: Annotated[int, Field(ge=1, le=4096)]
+    dtype: Literal["fp32", "fp16", "bf16", "fp8", "int8", "int4"] = "bf16"
+    context_tokens: Annotated[int, Field(ge=16, le=10_000_000)] = 8192
+    reserved_kv_gib_per_gpu: NonNegFloat = Field(
+        0.0, description="KV memory on each GPU of the pool that other models may not take."
+    )
+    prefill_s_per_token: PositiveFloat = Field(
+        2.0e-5, description="Prior for prefill seconds per prompt token on a speed-1.0 GPU."
+    )
+    decode_s_per_token: PositiveFloat = Field(
+        0.012, description="Prior for decode seconds per output token, one sequence, speed 1.0."
+    )
+    batch_slowdown: NonNegFloat = Field(
+        0.02, description="Prior: relative decode slowdown per extra concurrent sequence."
+    )
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """2 (K and V) x layers x KV heads x head size x dtype bytes."""
+        return int(2 * self.layers * self.kv_heads * self.head_dim * DTYPE_BYTES[self.dtype])
+
+
+class GpuTypeConfig(StrictModel):
+    """A kind of GPU: its memory and relative speed (1.0 = the models' priors)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)]
+    memory_gib: PositiveFloat
+    speed: PositiveFloat = 1.0
+
+
+class PoolConfig(StrictModel):
+    """A set of identical GPUs serving one or more models."""
+
+    name: Name
+    gpu_type: str
+    gpus: list[GpuId] = Field(min_length=0)
+    kv_budget_gib: PositiveFloat = Field(
+        description="KV-cache memory per GPU after weights and activations: the ledger's budget."
+    )
+    queue_max: Annotated[int, Field(ge=0)] = Field(500, description="Pool-wide queue bound.")
+
+
+class HysteresisConfig(StrictModel):
+    """Two thresholds on pool utilization; admission tightens first, autoscale follows."""
+
+    low: Fraction = 0.65
+    high: Fraction = 0.75
+    autoscale_margin: Fraction = 0.05
+    autoscale_after_s: PositiveFloat = 30.0
+    relax_after_s: PositiveFloat = 30.0
+    hold_s: PositiveFloat = 10.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if not self.low < self.high:
+            raise ValueError(f"hysteresis.low ({self.low}) must be below hysteresis.high ({self.high})")
+        return self
+
+
+class PredictorConfig(StrictModel):
+    """Online workload prediction and the variance buffer."""
+
+    initial_variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] = 1.3
+    adaptive_buffer: bool = True
+    target_miss_rate: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.05
+    residual_window: Annotated[int, Field(ge=10, le=100_000)] = 512
+    min_samples: Annotated[int, Field(ge=1)] = 50
+    learning_half_life: Annotated[int, Field(ge=1)] = 500
+
+
+class PolicyPreset(StrEnum):
+    """The named policies: the full triage policy and the baselines it is compared with."""
+
+    FULL = "full"
+    ADMIT_ALL = "admit_all"
+    REJECT_ONLY = "reject_only"
+    RATE_LIMIT_ONLY = "rate_limit_only"
+    BOUNDED_QUEUE = "bounded_queue"
+
+
+class PolicyConfig(StrictModel):
+    """Which checks run. Presets set these; explicit fields override the preset."""
+
+    name: str = "full"
+    preset: PolicyPreset = PolicyPreset.FULL
+    version: str = "1"
+    quota: bool | None = None
+    borrowing: bool | None = None
+    memory_fit: bool | None = None
+    sla_fit: bool | None = None
+    queue: bool | None = None
+    fairness: bool | None = None
+    preemption: bool | None = None
+    hysteresis: bool | None = None
+    variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] | None = Field(
+        None, description="Fixed buffer; None means the predictor's (adaptive) buffer."
+    )
+    preempt_sla_factor: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
+    tick_ms: Annotated[int, Field(ge=1, le=60_000)] = 50
+
+
+class KafkaConfig(StrictModel):
+    """Where the broker is and how topics are laid out."""
+
+    bootstrap_servers: str = "127.0.0.1:9092"
+    topic_prefix: Name = "triage"
+    request_partitions: Annotated[int, Field(ge=1)] = 1
+    admission_partitions: Annotated[int, Field(ge=1)] = 1
+    replication_factor: Annotated[int, Field(ge=1)] = 1
+    decisions_retention_ms: Annotated[int, Field(ge=-1)] = 30 * 24 * 3600 * 1000
+    default_retention_ms: Annotated[int, Field(ge=-1)] = 7 * 24 * 3600 * 1000
+
+
+class MetricsConfig(StrictModel):
+    """Prometheus ports; workers use worker_port_base + their index."""
+
+    host: str = "127.0.0.1"
+    admission_port: Annotated[int, Field(ge=0, le=65535)] = 9308
+    worker_port_base: Annotated[int, Field(ge=0, le=65535)] = 9310
+
+
+class AdmissionAppConfig(StrictModel):
+    """The Faust admission app's own settings."""
+
+    app_id: Name = "triage-admission"
+    datadir: str = "var/admission"
+    web_port: Annotated[int, Field(ge=1, le=65535)] = 6066
+    dedupe_ttl_s: PositiveFloat = 3600.0
+
+
+class WorkerConfig(StrictModel):
+    """GPU worker settings."""
+
+    heartbeat_s: PositiveFloat = 1.0
+    sim_time_scale: PositiveFloat = Field(
+        1.0, description="Sim backend: wall seconds per simulated second (<1 runs faster)."
+    )
+    openai_base_url: str = "http://127.0.0.1:8000/v1"
+    openai_model_map: dict[str, str] = Field(default_factory=dict)
+
+
+class TriageConfig(StrictModel):
+    """Everything triage needs to run."""
+
+    tenants: list[TenantConfig] = Field(min_length=1)
+    models: list[ModelConfig] = Field(min_length=1)
+    gpu_types: list[GpuTypeConfig] = Field(min_length=1)
+    pools: list[PoolConfig] = Field(min_length=1)
+    policy: PolicyConfig = PolicyConfig()
+    hysteresis: HysteresisConfig = HysteresisConfig()
+    predictor: PredictorConfig = PredictorConfig()
+    kafka: KafkaConfig = KafkaConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    admission: AdmissionAppConfig = AdmissionAppConfig()
+    worker: WorkerConfig = WorkerConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        _unique("tenants", [t.name for t in self.tenants])
+        _unique("models", [m.name for m in self.models])
+        _unique("gpu_types", [g.name for g in self.gpu_types])
+        _unique("pools", [p.name for p in self.pools])
+        _unique("pools[*].gpus", [g for p in self.pools for g in p.gpus])
+        pools = {p.name: p for p in self.pools}
+        gpu_types = {g.name: g for g in self.gpu_types}
+        models = {m.name for m in self.models}
+        for i, p in enumerate(self.pools):
+            if p.gpu_type not in gpu_types:
+                raise ValueError(f"pools[{i}].gpu_type: unknown GPU type {p.gpu_type!r}")
+            if p.kv_budget_gib > gpu_types[p.gpu_type].memory_gib:
+                raise ValueError(
+                    f"pools[{i}].kv_budget_gib: {p.kv_budget_gib} exceeds the "
+                    f"{gpu_types[p.gpu_type].memory_gib} GiB of a {p.gpu_type}"
+                )
+        for i, m in enumerate(self.models):
+            if m.pool not in pools:
+                raise ValueError(f"models[{i}].pool: unknown pool {m.pool!r}")
+        for p in self.pools:
+            floors = sum(m.reserved_kv_gib_per_gpu for m in self.models if m.pool == p.name)
+            if floors > p.kv_budget_gib:
+                raise ValueError(
+                    f"models[*].reserved_kv_gib_per_gpu: floors of pool {p.name!r} sum to "
+                    f"{floors} GiB, above its kv_budget_gib {p.kv_budget_gib}"
+                )
+        shares = sum(t.reserved_kv_share for t in self.tenants)
+        if shares > 0.9 + 1e-9:
+            raise ValueError(f"tenants[*].reserved_kv_share: shares sum to {shares:.3f}, above 0.9")
+        for i, t in enumerate(self.tenants):
+            for name in t.models or []:
+                if name not in models:
+                    raise ValueError(f"tenants[{i}].models: unknown model {name!r}")
+        return self
+
+    # Lookups used on hot paths are built once (cached_property writes the instance dict,
+    # which a frozen pydantic model allows).
+    @cached_property
+    def tenants_by_name(self) -> dict[str, TenantConfig]:
+        return {t.name: t for t in self.tenants}
+
+    @cached_property
+    def models_by_name(self) -> dict[str, ModelConfig]:
+        return {m.name: m for m in self.models}
+
+    @cached_property
+    def pools_by_name(self) -> dict[str, PoolConfig]:
+        return {p.name: p for p in self.pools}
+
+    @cached_property
+    def gpu_types_by_name(self) -> dict[str, GpuTypeConfig]:
+        return {g.name: g for g in self.gpu_types}
+
+    @cached_property
+    def pool_by_gpu(self) -> dict[str, PoolConfig]:
+        return {g: p for p in self.pools for g in p.gpus}
+
+    def tenant(self, name: str) -> TenantConfig | None:
+        return self.tenants_by_name.get(name)
+
+    def model(self, name: str) -> ModelConfig | None:
+        return self.models_by_name.get(name)
+
+    def pool(self, name: str) -> PoolConfig:
+        return self.pools_by_name[name]
+
+    def gpu_type(self, name: str) -> GpuTypeConfig:
+        return self.gpu_types_by_name[name]
+
+    def models_of_pool(self, pool: str) -> list[ModelConfig]:
+        return [m for m in self.models if m.pool == pool]
+
+    def pool_of_gpu(self, gpu_id: str) -> PoolConfig | None:
+        return self.pool_by_gpu.get(gpu_id)
+
+    def all_gpus(self) -> list[str]:
+        return [g for p in self.pools for g in p.gpus]
+
+
+def _unique(field: str, names: list[str]) -> None:
+    seen: set[str] = set()
+    for n in names:
+        if n in seen:
+            raise ValueError(f"{field}: duplicate name {n!r}")
+        seen.add(n)
+

@@ -1,0 +1,1 @@
+"""Kafka client helpers (confluent-kafka) and the local broker manager."""

@@ -1,0 +1,297 @@
+"""Pydantic v2 models for every message on triage's topics.
+
+Times on the wire are integer milliseconds since the epoch (``*_ms``); durations
+in seconds are floats (``*_s``). Models are strict: a float where an int belongs,
+a NaN, an empty id or an absurd token count is refused with the field's name.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
+
+MAX_TOKENS = 10_000_000  # more than any context window in service: larger is a bug upstream
+MAX_SLA_MS = 24 * 3600 * 1000
+
+RequestId = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$")
+]
+TenantName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+ModelName = Annotated[
+    str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+]
+GpuId = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
+PoolName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS, strict=True)]
+PositiveTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS, strict=True)]
+EpochMs = Annotated[int, Field(ge=0, strict=True)]
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+Ratio = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+
+
+class Message(BaseModel):
+    """Base of every message: unknown fields are errors, instances are frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(exclude_none=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes | str) -> Self:
+        return cls.model_validate_json(data)
+
+
+class InferenceRequest(Message):
+    """What a tenant asks for: a completion of at most max_tokens after a prompt."""
+
+    request_id: RequestId
+    tenant: TenantName
+    model: ModelName
+    prompt_tokens: PositiveTokens
+    max_tokens: PositiveTokens
+    sla_ms: Annotated[int, Field(ge=1, le=MAX_SLA_MS, strict=True)] | None = Field(
+        None, description="End-to-end latency target; None takes the tenant's default."
+    )
+    created_at_ms: EpochMs | None = Field(None, description="Client send time.")
+    prompt: str | None = Field(None, max_length=4_000_000, description="Text, for real backends.")
+    stream: bool = True
+    attempt: Annotated[int, Field(ge=0, le=1000, strict=True)] = 0
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @model_validator(mode="after")
+    def _sane_total(self) -> Self:
+        if self.prompt_tokens + self.max_tokens > MAX_TOKENS:
+            raise ValueError(
+                f"prompt_tokens + max_tokens = {self.prompt_tokens + self.max_tokens} "
+                f"exceeds {MAX_TOKENS}"
+            )
+        return self
+
+
+class AdmittedRequest(Message):
+    """Gate -> dispatcher: a request that passed the tenant quota (internal topic)."""
+
+    request: InferenceRequest
+    pool: PoolName
+    arrived_at_ms: EpochMs
+    deadline_ms: EpochMs
+    expected_tokens: Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
+    overage: bool = False
+    quota_pressure: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 0.0
+    bucket_level: float = Field(0.0, allow_inf_nan=False)
+
+
+class Reply(Message):
+    """What the tenant reads on its reply topic about one request."""
+
+    request_id: RequestId
+    tenant: TenantName
+    status: ReplyStatus
+    reason: ReasonCode | None = None
+    detail: str | None = Field(None, max_length=2000)
+    retry_after_ms: Annotated[int, Field(ge=0, strict=True)] | None = None
+    gpu_id: GpuId | None = None
+    queue_position: Annotated[int, Field(ge=0)] | None = None
+    latency_ms: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] | None = None
+    output_tokens: TokenCount | None = None
+    text: str | None = None
+    at_ms: EpochMs
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.terminal
+
+
+class DecisionInputs(Message):
+    """The numbers behind a decision, enough to explain it to a customer."""
+
+    request_tokens: float | None = None  # prompt + expected output, charged to the bucket
+    bucket_level: float | None = None  # tokens (negative: debt) after the check
+    bucket_burst: float | None = None
+    bucket_debt_ceiling: float | None = None
+    kv_bytes_needed: int | None = None  # peak reservation: (prompt + max_tokens) x bytes/token
+    kv_bytes_available: int | None = None  # the most any GPU could give this request
+    predicted_s: float | None = None  # buffered predicted execution time
+    variance_buffer: float | None = None
+    sla_s: float | None = None
+    slack_s: float | None = None  # deadline - now at the decision
+    queue_position: int | None = None
+    queue_depth: int | None = None
+    tenant_queue_depth: int | None = None
+    tenant_service: float | None = None  # weighted served tokens (fairness key)
+    overage: bool | None = None
+    utilization: float | None = None
+    tightened: bool | None = None
+    recompute_tokens: int | None = None  # tokens to prefill again after preemption
+    detail: str | None = None
+
+
+class DecisionRecord(Message):
+    """One line of the audit log (topic triage.decisions, keyed by request_id)."""
+
+    request_id: RequestId
+    tenant: TenantName
+    model: ModelName
+    pool: PoolName | None = None
+    outcome: Outcome
+    reason: ReasonCode
+    gpu_id: GpuId | None = None
+    predicted_s: float | None = None
+    queue_wait_ms: float | None = None
+    retry_after_ms: int | None = None
+    policy: str
+    policy_version: str
+    at_ms: EpochMs
+    inputs: DecisionInputs = DecisionInputs()
+
+
+class WorkItem(Message):
+    """Dispatcher -> worker: run this request on this GPU (topic triage.gpu.<id>.work)."""
+
+    request_id: RequestId
+    attempt: Annotated[int, Field(ge=0, strict=True)] = 0  # bumps on each re-dispatch
+    tenant: TenantName
+    model: ModelName
+    pool: PoolName
+    gpu_id: GpuId
+    prompt_tokens: PositiveTokens
+    max_tokens: PositiveTokens
+    prompt: str | None = None
+    reserved_kv_bytes: Annotated[int, Field(ge=0)]
+    predicted_s: Seconds
+    dispatched_at_ms: EpochMs
+    deadline_ms: EpochMs
+    arrived_at_ms: EpochMs
+
+    @property
+    def work_id(self) -> str:
+        return f"{self.request_id}#{self.attempt}"
+
+
+class CompletionStatus(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+
+
+class Completion(Message):
+    """Worker -> dispatcher: a work item ended (topic triage.completions, keyed by pool)."""
+
+    request_id: RequestId
+    attempt: Annotated[int, Field(ge=0, strict=True)] = 0
+    tenant: TenantName
+    model: ModelName
+    pool: PoolName
+    gpu_id: GpuId
+    gpu_type: str
+    status: CompletionStatus
+    prompt_tokens: TokenCount
+    output_tokens: TokenCount
+    max_tokens: PositiveTokens
+    prefill_s: Seconds
+    decode_s: Seconds
+    mean_concurrency: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
+    started_at_ms: EpochMs
+    finished_at_ms: EpochMs
+    error: str | None = None
+
+
+class GpuState(StrEnum):
+    UP = "up"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class GpuStatus(Message):
+    """Worker heartbeat (compacted topic triage.gpu.status, keyed by gpu_id)."""
+
+    gpu_id: GpuId
+    pool: PoolName
+    gpu_type: str
+    name: str
+    state: GpuState = GpuState.UP
+    simulated: bool
+    memory_total_bytes: Annotated[int, Field(ge=0)]
+    memory_used_bytes: Annotated[int, Field(ge=0)] | None = None
+    kv_budget_bytes: Annotated[int, Field(ge=0)]
+    utilization: Ratio  # compute utilization (NVML, or the sim's busy fraction)
+    running: Annotated[int, Field(ge=0)] = 0
+    healthy: bool = True
+    ecc_errors: Annotated[int, Field(ge=0)] | None = None
+    temperature_c: float | None = None
+    driver: str | None = None
+    at_ms: EpochMs
+
+
+class ControlKind(StrEnum):
+    PREEMPT = "preempt"
+    CANCEL = "cancel"
+
+
+class ControlMessage(Message):
+    """Dispatcher -> worker: stop a running attempt (topic triage.gpu.<id>.control)."""
+
+    kind: ControlKind
+    request_id: RequestId
+    attempt: Annotated[int, Field(ge=0, strict=True)]
+    gpu_id: GpuId
+    reason: ReasonCode
+    at_ms: EpochMs
+
+
+class ScaleDirection(StrEnum):
+    UP = "up"
+    STEADY = "steady"
+
+
+class ScaleSignal(Message):
+    """Hysteresis monitor -> external autoscaler (topic triage.autoscale, keyed by pool)."""
+
+    pool: PoolName
+    direction: ScaleDirection
+    tightened: bool
+    utilization: Ratio
+    gpus: Annotated[int, Field(ge=0)]
+    reason: str
+    at_ms: EpochMs
+
+
+class DeadLetter(Message):
+    """Input that could not be parsed, kept with the reason (topic triage.deadletter)."""
+
+    source_topic: str
+    partition: int | None = None
+    offset: int | None = None
+    key: str | None = None
+    value_b64: str
+    error: str
+    stage: Literal["gate", "dispatcher", "worker", "completions", "status"] = "gate"
+    at_ms: EpochMs
+
+
+ALL_MESSAGES: dict[str, type[Message]] = {
+    m.__name__: m
+    for m in (
+        InferenceRequest,
+        AdmittedRequest,
+        Reply,
+        DecisionRecord,
+        WorkItem,
+        Completion,
+        GpuStatus,
+        ControlMessage,
+        ScaleSignal,
+        DeadLetter,
+    )
+}
+
+
+def json_schemas() -> dict[str, dict[str, Any]]:
+    """JSON Schema of every message, for producers written in other languages."""
+    return {name: model.model_json_schema() for name, model in ALL_MESSAGES.items()}
