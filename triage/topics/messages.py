@@ -167,6 +167,7 @@ class WorkItem(Message):
     dispatched_at_ms: EpochMs
     deadline_ms: EpochMs
     arrived_at_ms: EpochMs
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=64)  # from the request
 
     @property
     def work_id(self) -> str:
