@@ -182,6 +182,15 @@ class PolicyConfig(StrictModel):
     )
     preempt_sla_factor: Annotated[float, Field(gt=0.0, le=1.0)] = 0.5
     tick_ms: Annotated[int, Field(ge=1, le=60_000)] = 50
+    lookahead: Annotated[int, Field(ge=1, le=1000)] = Field(
+        8, description="Tenants a dispatch pass may try past a blocked head before it stops."
+    )
+    gpu_timeout_s: PositiveFloat = Field(
+        10.0, description="A GPU whose heartbeats stop this long is taken out of the pool."
+    )
+    fair_share_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
+        0.1, description="Tightened pools hold back tenants above (1 + this) x their fair share."
+    )
 
 
 class KafkaConfig(StrictModel):

@@ -73,6 +73,7 @@ class ReasonCode(StrEnum):
     DEADLINE_UNREACHABLE = "deadline_unreachable"  # can no longer finish inside its SLA
     # preempt
     PREEMPTED_FOR_PRIORITY = "preempted_for_priority"  # made room for a tighter, higher one
+    GPU_LOST = "gpu_lost"  # its GPU stopped reporting; requeued or failed
     # complete
     COMPLETED = "completed"
     FAILED = "failed"

@@ -1,0 +1,626 @@
+"""The dispatcher of one pool: single owner of the pool's ledger and queue.
+
+It composes checks 2-5 (KV fit, SLA fit, fairness, prediction), the bounded
+queue, preemption and hysteresis. Handlers take `now` and return decisions;
+nothing here reads a clock or does I/O.
+
+Dispatch order: an arrival may start at once only if the queue is empty or it
+outranks the queue's head; otherwise it waits its turn. A dispatch pass (after
+a completion, a heartbeat or on a tick) serves the queue in fairness order,
+looking past at most `lookahead` blocked tenants, and never past a head that
+has waited more than half its max wait (so big requests are not starved by
+small ones slipping by).
+"""
+
+from __future__ import annotations
+
+from triage.admission.decision import Decision, ScaleEvent
+from triage.admission.fairness import FairShare
+from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
+from triage.admission.kvcache import GpuSlot, PoolLedger
+from triage.admission.pending import Pending
+from triage.admission.policy import PolicyFlags
+from triage.admission.predictor import WorkloadPredictor
+from triage.admission.preemption import RunnerHeap, outranks, should_preempt
+from triage.admission.queue import PoolQueue
+from triage.topics.reasons import Outcome, ReasonCode
+
+ACCEPT, QUEUE, REJECT, TIMEOUT, PREEMPT, COMPLETE = (
+    Outcome.ACCEPT, Outcome.QUEUE, Outcome.REJECT, Outcome.TIMEOUT, Outcome.PREEMPT,
+    Outcome.COMPLETE,
+)
+R = ReasonCode
+PREEMPT_CANDIDATES = 4
+_MEMORY_REASONS = frozenset(
+    {R.GPU_MEMORY_INSUFFICIENT, R.RESERVATION_FLOOR, R.NO_CAPACITY, R.TIGHTENED}
+)
+
+
+class PoolSettings:
+    """What a dispatcher needs to know about its pool, resolved from configuration."""
+
+    __slots__ = (
+        "gpu_timeout_s",
+        "hysteresis",
+        "kv_bytes_per_token",
+        "max_queue_wait_s",
+        "max_concurrency",
+        "model_floors",
+        "name",
+        "queue_max",
+        "tenant_queue_max",
+        "tenant_shares",
+        "weights",
+    )
+
+    def __init__(
+        self, *, name: str, kv_bytes_per_token: dict[str, int], model_floors: dict[str, int],
+        tenant_shares: dict[str, float], weights: dict[str, float], queue_max: int,
+        tenant_queue_max: dict[str, int], max_queue_wait_s: dict[str, float],
+        max_concurrency: dict[str, int], hysteresis: HysteresisSettings, gpu_timeout_s: float,
+    ) -> None:
+        self.name = name
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.model_floors = model_floors
+        self.tenant_shares = tenant_shares
+        self.weights = weights
+        self.queue_max = queue_max
+        self.tenant_queue_max = tenant_queue_max
+        self.max_queue_wait_s = max_queue_wait_s
+        self.max_concurrency = max_concurrency
+        self.hysteresis = hysteresis
+        self.gpu_timeout_s = gpu_timeout_s
+
+
+class DispatcherStats:
+    """Counters a dispatcher keeps for metrics and the simulator's report."""
+
+    __slots__ = (
+        "completed",
+        "dispatched",
+        "failed",
+        "preemptions",
+        "queued",
+        "recompute_tokens",
+        "rejected",
+        "timed_out",
+    )
+
+    def __init__(self) -> None:
+        self.dispatched = 0
+        self.queued = 0
+        self.rejected = 0
+        self.timed_out = 0
+        self.completed = 0
+        self.failed = 0
+        self.preemptions = 0
+        self.recompute_tokens = 0
+
+    @property
+    def preemption_rate(self) -> float:
+        """Preemptions per dispatch (the seed's canary: worry above 2%)."""
+        return self.preemptions / self.dispatched if self.dispatched else 0.0
+
+
+class Dispatcher:
+    """Owns one pool: ledger, queue, fairness, runners, hysteresis."""
+
+    def __init__(
+        self, *, settings: PoolSettings, flags: PolicyFlags, predictor: WorkloadPredictor,
+        expect_heartbeats: bool = False,
+    ) -> None:
+        self.settings = settings
+        self.flags = flags
+        self.predictor = predictor
+        self.expect_heartbeats = expect_heartbeats
+        self.pool = settings.name
+        models = list(settings.kv_bytes_per_token)
+        self.ledger = PoolLedger(
+            pool=settings.name, models=models, model_floors=settings.model_floors,
+            tenant_shares=settings.tenant_shares,
+        )
+        self.queue = PoolQueue(
+            max_size=settings.queue_max, tenant_limits=settings.tenant_queue_max,
+            fifo=not flags.fairness,
+        )
+        self.fair = FairShare(weights=settings.weights)
+        self.monitor = HysteresisMonitor(settings.hysteresis, enabled=flags.hysteresis)
+        self.inflight: dict[str, Pending] = {}
+        self.runners = RunnerHeap()
+        self.tenant_running: dict[str, int] = {}
+        self.stats = DispatcherStats()
+        self.scale_events: list[ScaleEvent] = []
+        self._seq = 0
+        self._rr = 0
+        self._largest_fits: dict[tuple[str, str], int] = {}  # (model, tenant) -> largest fit
+
+    # --- membership of GPUs ---------------------------------------------------------
+    def add_gpu(self, *, gpu_id: str, gpu_type: str, speed: float, budget: int) -> GpuSlot:
+        slot = self.ledger.add_gpu(gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, budget=budget)
+        for m in self.settings.kv_bytes_per_token:
+            slot.costs[m] = self.predictor.cost_model(m, gpu_type)
+        self._largest_fits.clear()
+        return slot
+
+    # --- arrivals -------------------------------------------------------------------
+    def admit(self, p: Pending, now: float) -> list[Decision]:
+        """A request that passed the gate. The first decision returned is about it."""
+        out: list[Decision] = []
+        flags = self.flags
+        p.kv_bytes = (p.prompt_tokens + p.max_tokens) * self.settings.kv_bytes_per_token[p.model]
+        self._seq += 1
+        p.seq = self._seq
+        self.fair.join(p.tenant)
+        if flags.memory_fit and p.kv_bytes > self._largest_fit(p.model, p.tenant):
+            return self._refuse(p, R.NO_CAPACITY, now, None, out)
+        p.idle_s = idle = self._idle_prediction(p)
+        if flags.sla_fit and idle > p.sla_s:
+            return self._refuse(
+                p, R.SLA_INFEASIBLE, now, None, out,
+                predicted_s=idle, detail="even an idle GPU would miss the SLA",
+            )
+        limit = self.settings.max_concurrency.get(p.tenant)
+        if limit is not None and self.tenant_running.get(p.tenant, 0) >= limit:
+            reason = R.TENANT_CONCURRENCY
+        elif self._may_jump(p):
+            slot, reason, raw, pred = self._fit(p, now)
+            if slot is not None:
+                self._dispatch(p, slot, raw, pred, now, R.ADMITTED, out)
+                return out
+        else:
+            reason = R.QUEUED_BEHIND
+        self._queue_or_refuse(p, reason, now, out)
+        return out
+
+    def _may_jump(self, p: Pending) -> bool:
+        """May an arrival start before the queue? Only if nothing waits ahead of it."""
+        if not self.queue.members:
+            return True
+        if not self.flags.fairness:
+            return False
+        head = self.queue.head()
+        if head is None:
+            return True
+        _, (cls, service, deadline) = head
+        if p.cls != cls:
+            return p.cls < cls
+        mine = self.fair.service.get(p.tenant, 0.0)
+        return mine < service or (mine == service and p.deadline < deadline)
+
+    def _largest_fit(self, model: str, tenant: str) -> int:
+        """Largest reservation an empty GPU of the pool could ever give (cached)."""
+        key = (model, tenant)
+        largest = self._largest_fits.get(key)
+        if largest is None:
+            largest = self.ledger.largest_fit(model, tenant)
+            self._largest_fits[key] = largest
+        return largest
+
+    def _idle_prediction(self, p: Pending) -> float:
+        """Buffered predicted time on an idle GPU (a pool holds one GPU type)."""
+        slots = self.ledger.slots
+        if not slots:
+            return 0.0
+        t = slots[0].costs[p.model].predict(p.prompt_tokens, p.expected_out, 1.0)
+        fixed = self.flags.variance_buffer
+        return t * (fixed if fixed is not None else self.predictor.buffer.value)
+
+    def _buffer(self) -> float:
+        fixed = self.flags.variance_buffer
+        return fixed if fixed is not None else self.predictor.buffer.value
+
+    # --- the checks -----------------------------------------------------------------
+    def _fit(self, p: Pending, now: float) -> tuple[GpuSlot | None, ReasonCode, float, float]:
+        """Checks 2 and 3 for `p` on the best GPU: (GPU or None, reason, raw, buffered)."""
+        flags = self.flags
+        if not flags.memory_fit:
+            slot = self._round_robin()
+            if slot is None:
+                return None, R.NO_CAPACITY, 0.0, 0.0
+        else:
+            slot = self.ledger.best(p.model, p.tenant, p.kv_bytes)
+            if slot is None:
+                top, _room = self.ledger.peek(p.model)
+                if top is None:
+                    return None, R.NO_CAPACITY, 0.0, 0.0
+                floor = top.budget - top.used >= p.kv_bytes
+                return None, (R.RESERVATION_FLOOR if floor else R.GPU_MEMORY_INSUFFICIENT), 0.0, 0.0
+            if (
+                self.monitor.tightened
+                and slot.used + p.kv_bytes > self.settings.hysteresis.high * slot.budget
+                and (p.cls > 0 or self.fair.over_share(p.tenant, flags.fair_share_tolerance))
+            ):
+                return None, R.TIGHTENED, 0.0, 0.0
+        raw = slot.costs[p.model].predict(p.prompt_tokens, p.expected_out, slot.running + 1.0)
+        pred = raw * self._buffer()
+        if flags.sla_fit and now + pred > p.deadline:
+            return None, R.COMPUTE_SATURATION, raw, pred
+        return slot, R.ADMITTED, raw, pred
+
+    def _round_robin(self) -> GpuSlot | None:
+        slots = self.ledger.slots
+        n = len(slots)
+        for _ in range(n):
+            self._rr = (self._rr + 1) % n
+            s = slots[self._rr]
+            if s.up:
+                return s
+        return None
+
+    # --- outcomes -------------------------------------------------------------------
+    def _dispatch(
+        self, p: Pending, slot: GpuSlot, raw: float, pred: float, now: float,
+        reason: ReasonCode, out: list[Decision],
+    ) -> None:
+        self.ledger.reserve(slot, p.model, p.tenant, p.kv_bytes)
+        p.gpu = slot
+        p.dispatched_at = now
+        p.predicted_raw_s = raw
+        p.predicted_s = pred
+        p.predicted_end = now + pred
+        self.inflight[p.request_id] = p
+        t = p.tenant
+        self.tenant_running[t] = self.tenant_running.get(t, 0) + 1
+        self.fair.charge(t, p.expected_tokens, p.pressure, now)
+        self.queue.refresh(t, self.fair.key(t))
+        if self.flags.preemption:
+            self.runners.push(p)
+        self.stats.dispatched += 1
+        flags = self.flags
+        out.append(Decision(
+            p.request_id, t, p.model, self.pool, ACCEPT, reason, now, p.attempt, slot.gpu_id,
+            pred, (now - p.enqueued_at) if p.enqueued_at >= 0.0 else 0.0, None, flags.name,
+            flags.version, p.expected_tokens, None, None, None, p.kv_bytes, None,
+            self._buffer(), p.sla_s, p.deadline - now, None, None, None, p.overage, None, None,
+            p.recompute_tokens or None, None, None, None,
+        ))
+
+    def _queue_or_refuse(
+        self, p: Pending, reason: ReasonCode, now: float, out: list[Decision]
+    ) -> None:
+        q = self.queue
+        if not self.flags.queue:
+            self._refuse(p, reason, now, self._drain_s(q.work_s), out)
+            return
+        pool_room, tenant_room = q.has_room(p.tenant)
+        if not tenant_room:
+            self._refuse(
+                p, R.TENANT_QUEUE_FULL, now, self._drain_s(q.tenant_work_s.get(p.tenant, 0.0)), out
+            )
+            return
+        if not pool_room:
+            self._refuse(p, R.QUEUE_FULL, now, self._drain_s(q.work_s), out)
+            return
+        self._enqueue(p, now)
+        self.stats.queued += 1
+        out.append(self._about(p, QUEUE, reason, now))
+
+    def _enqueue(self, p: Pending, now: float) -> None:
+        p.enqueued_at = now
+        p.expires_at = now + self.settings.max_queue_wait_s.get(p.tenant, 2.0)
+        p.timeout_reason = 0
+        if self.flags.sla_fit:
+            latest_start = p.deadline - p.idle_s
+            if latest_start < p.expires_at:
+                p.expires_at = latest_start if latest_start > now else now
+                p.timeout_reason = 1
+        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
+
+    def _refuse(
+        self, p: Pending, reason: ReasonCode, now: float, retry_s: float | None,
+        out: list[Decision], *, predicted_s: float | None = None, detail: str | None = None,
+    ) -> list[Decision]:
+        self.fair.leave(p.tenant)
+        self.stats.rejected += 1
+        out.append(self._about(
+            p, REJECT, reason, now, retry_after_s=retry_s, predicted_s=predicted_s, detail=detail,
+        ))
+        return out
+
+    def _about(
+        self, p: Pending, outcome: Outcome, reason: ReasonCode, now: float, *,
+        retry_after_s: float | None = None, predicted_s: float | None = None,
+        detail: str | None = None,
+    ) -> Decision:
+        """A decision about a request that is not being dispatched, with the numbers."""
+        flags = self.flags
+        room = None
+        if reason in _MEMORY_REASONS:
+            room = self.ledger.peek(p.model)[1]
+        q = self.queue
+        return Decision(
+            p.request_id, p.tenant, p.model, self.pool, outcome, reason, now, p.attempt,
+            None, predicted_s, (now - p.enqueued_at) if p.enqueued_at >= 0.0 else None,
+            retry_after_s, flags.name, flags.version, p.expected_tokens, None, None, None,
+            p.kv_bytes, room, self._buffer() if flags.sla_fit else None, p.sla_s,
+            p.deadline - now, q.tenant_count.get(p.tenant, 0) - 1 if outcome is QUEUE else None,
+            len(q.members), self.fair.service.get(p.tenant, 0.0), p.overage,
+            self.monitor.utilization, self.monitor.tightened, p.recompute_tokens or None,
+            None, None, detail,
+        )
+
+    def _drain_s(self, work_s: float) -> float:
+        """Predicted time for the queue ahead to drain: queued work over the pool's
+        parallelism (GPUs up x sequences each runs), at least one tick."""
+        up = self.ledger.up_count()
+        if up == 0:
+            return 60.0
+        per_gpu = len(self.inflight) / up
+        return max(0.05, work_s / (up * max(1.0, per_gpu)))
+
+    # --- completions ----------------------------------------------------------------
+    def complete(
+        self, *, request_id: str, attempt: int, ok: bool, output_tokens: int, prefill_s: float,
+        decode_s: float, concurrency: float, now: float, preempted: bool = False,
+        error: str | None = None,
+    ) -> list[Decision]:
+        """A worker finished an attempt. Frees its reservation, trains the predictor and
+        dispatches what now fits."""
+        out: list[Decision] = []
+        p = self.inflight.get(request_id)
+        if p is None or p.attempt != attempt:
+            self._stale_completion(request_id, attempt, ok and not preempted, now, out)
+            return out
+        self._release(p)
+        if preempted:  # stopped by the worker itself (shutdown): run it again
+            self._requeue(p, now, R.GPU_LOST, out)
+        else:
+            self.fair.leave(p.tenant)
+            slot = p.gpu
+            assert isinstance(slot, GpuSlot)
+            if ok:
+                self.stats.completed += 1
+                self.predictor.observe(
+                    tenant=p.tenant, model=p.model, gpu_type=slot.gpu_type,
+                    prompt_tokens=p.prompt_tokens, output_tokens=output_tokens,
+                    max_tokens=p.max_tokens, prefill_s=prefill_s, decode_s=decode_s,
+                    concurrency=concurrency, predicted_raw_s=p.predicted_raw_s,
+                )
+            else:
+                self.stats.failed += 1
+            out.append(Decision(
+                p.request_id, p.tenant, p.model, self.pool, COMPLETE,
+                R.COMPLETED if ok else R.FAILED, now, attempt=attempt, gpu_id=slot.gpu_id,
+                predicted_s=p.predicted_s, policy=self.flags.name,
+                policy_version=self.flags.version, sla_s=p.sla_s, slack_s=p.deadline - now,
+                output_tokens=output_tokens, latency_s=now - p.arrived, detail=error,
+                recompute_tokens=p.recompute_tokens or None,
+            ))
+        self._dispatch_pass(now, out)
+        return out
+
+    def _stale_completion(
+        self, request_id: str, attempt: int, ok: bool, now: float, out: list[Decision]
+    ) -> None:
+        """A completion for an attempt we preempted: if it finished anyway, it counts and the
+        newer attempt is withdrawn (from the queue, or cancelled on its GPU)."""
+        if not ok:
+            return
+        queued = self.queue.members.get(request_id)
+        running = self.inflight.get(request_id)
+        p = queued or running
+        if p is None or p.attempt <= attempt:
+            return  # unknown or duplicate completion: the first one stood
+        cancelled_gpu: str | None = None
+        if queued is not None:
+            self.queue.remove(queued, self.fair.key(queued.tenant), 0.0)
+        elif running is not None:
+            slot = running.gpu
+            assert isinstance(slot, GpuSlot)
+            cancelled_gpu = slot.gpu_id
+            self._release(running)
+        self.fair.leave(p.tenant)
+        self.stats.completed += 1
+        out.append(Decision(
+            p.request_id, p.tenant, p.model, self.pool, COMPLETE, R.COMPLETED, now,
+            attempt=p.attempt, gpu_id=cancelled_gpu, policy=self.flags.name,
+            policy_version=self.flags.version, latency_s=now - p.arrived,
+            detail=f"attempt {attempt} finished before its preemption took effect"
+            + (f"; attempt {p.attempt} cancelled" if cancelled_gpu else ""),
+        ))
+
+    def _release(self, p: Pending) -> None:
+        slot = p.gpu
+        assert isinstance(slot, GpuSlot)
+        self.ledger.release(slot, p.model, p.tenant, p.kv_bytes)
+        del self.inflight[p.request_id]
+        n = self.tenant_running.get(p.tenant, 1) - 1
+        if n > 0:
+            self.tenant_running[p.tenant] = n
+        else:
+            self.tenant_running.pop(p.tenant, None)
+        if len(self.runners) > 2 * len(self.inflight) + 256:
+            self.runners.compact(self.inflight)
+
+    def _requeue(self, p: Pending, now: float, reason: ReasonCode, out: list[Decision]) -> None:
+        """Back to the queue after a preemption or a lost GPU, paying its prefill again."""
+        elapsed = now - p.dispatched_at
+        progress = min(1.0, elapsed / p.predicted_raw_s) if p.predicted_raw_s > 0 else 0.0
+        recompute = p.prompt_tokens + int(p.expected_out * progress)
+        p.recompute_tokens += recompute
+        self.stats.recompute_tokens += recompute
+        old_gpu = p.gpu
+        assert isinstance(old_gpu, GpuSlot)
+        old_attempt = p.attempt
+        p.attempt += 1
+        self._seq += 1
+        p.seq = self._seq
+        p.gpu = None
+        pool_room, tenant_room = self.queue.has_room(p.tenant)
+        if reason is R.GPU_LOST and not (pool_room and tenant_room):
+            self._refuse(
+                p, R.GPU_LOST, now, self._drain_s(self.queue.work_s), out,
+                detail=f"GPU {old_gpu.gpu_id} was lost and the queue is full",
+            )
+            return
+        self._enqueue(p, now)
+        out.append(Decision(
+            p.request_id, p.tenant, p.model, self.pool, PREEMPT, reason, now,
+            attempt=old_attempt, gpu_id=old_gpu.gpu_id, predicted_s=p.predicted_s,
+            policy=self.flags.name, policy_version=self.flags.version,
+            recompute_tokens=recompute, queue_depth=len(self.queue), sla_s=p.sla_s,
+            slack_s=p.deadline - now,
+        ))
+
+    # --- the queue ------------------------------------------------------------------
+    def _dispatch_pass(self, now: float, out: list[Decision]) -> None:
+        """Start queued requests in fairness order while they fit."""
+        q = self.queue
+        if not q.members:
+            return
+        aside = []
+        skipped = 0
+        limits = self.settings.max_concurrency
+        half_wait = self.settings.max_queue_wait_s
+        try:
+            while True:
+                head = q.head()
+                if head is None:
+                    break
+                p, _key = head
+                limit = limits.get(p.tenant)
+                if limit is not None and self.tenant_running.get(p.tenant, 0) >= limit:
+                    entry = q.set_aside()
+                    if entry is not None:
+                        aside.append(entry)
+                    continue
+                slot, reason, raw, pred = self._fit(p, now)
+                if slot is None and self.flags.preemption and reason is not R.TIGHTENED:
+                    slot, raw, pred = self._preempt_for(p, now, out)
+                if slot is not None:
+                    q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
+                    self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
+                    continue
+                # blocked: look past it, unless it has waited long (no starvation)
+                skipped += 1
+                aged = now - p.enqueued_at > 0.5 * half_wait.get(p.tenant, 2.0)
+                if aged or skipped >= self.flags.lookahead or not self.flags.fairness:
+                    break
+                entry = q.set_aside()
+                if entry is not None:
+                    aside.append(entry)
+        finally:
+            for entry in aside:
+                q.put_back(entry)
+
+    @staticmethod
+    def _queued_work(p: Pending) -> float:
+        return p.idle_s
+
+    def _preempt_for(
+        self, q: Pending, now: float, out: list[Decision]
+    ) -> tuple[GpuSlot | None, float, float]:
+        """Apply the preemption rule to the runners with the most remaining time."""
+        factor = self.flags.preempt_sla_factor
+        slack = q.deadline - now
+        latest = self.runners.latest_end(self.inflight)
+        if latest is None or slack >= factor * (latest - now):
+            return None, 0.0, 0.0  # no runner has enough remaining time to qualify
+        q_key = (q.cls, self.fair.key(q.tenant))
+        for r in self.runners.candidates(self.inflight, PREEMPT_CANDIDATES):
+            remaining = r.predicted_end - now
+            if slack >= factor * remaining:
+                break  # the rest have even less remaining time
+            r_key = (r.cls, self.fair.key(r.tenant))
+            if not should_preempt(
+                queued_outranks=outranks(q_key, r_key, q.tenant == r.tenant),
+                queued_slack_s=slack, runner_remaining_s=remaining, factor=factor,
+            ):
+                continue
+            _, tenant_room = self.queue.has_room(r.tenant)
+            if not tenant_room:
+                continue
+            slot = r.gpu
+            assert isinstance(slot, GpuSlot)
+            freed = slot.avail(q.model, q.tenant) + r.kv_bytes
+            if freed < q.kv_bytes:
+                continue
+            raw = slot.costs[q.model].predict(q.prompt_tokens, q.expected_out, float(slot.running))
+            pred = raw * self._buffer()
+            if self.flags.sla_fit and now + pred > q.deadline:
+                continue
+            self._release(r)
+            if slot.avail(q.model, q.tenant) < q.kv_bytes:  # floors made it not fit after all
+                self.ledger.reserve(slot, r.model, r.tenant, r.kv_bytes)
+                self.inflight[r.request_id] = r
+                self.tenant_running[r.tenant] = self.tenant_running.get(r.tenant, 0) + 1
+                continue
+            self.stats.preemptions += 1
+            self._requeue(r, now, R.PREEMPTED_FOR_PRIORITY, out)
+            return slot, raw, pred
+        return None, 0.0, 0.0
+
+    # --- time and health ------------------------------------------------------------
+    def tick(self, now: float) -> list[Decision]:
+        """Expire what waited too long, check GPU liveness, move the hysteresis monitor,
+        then dispatch what fits."""
+        out: list[Decision] = []
+        q = self.queue
+        for p in q.pop_expired(now):
+            q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
+            self.fair.leave(p.tenant)
+            self.stats.timed_out += 1
+            reason = R.DEADLINE_UNREACHABLE if p.timeout_reason else R.QUEUE_TIMEOUT
+            out.append(self._about(p, TIMEOUT, reason, now, retry_after_s=self._drain_s(q.work_s)))
+        if self.expect_heartbeats:
+            self._check_liveness(now, out)
+        self._observe_utilization(now)
+        self._dispatch_pass(now, out)
+        return out
+
+    def utilization(self) -> float:
+        """Max of reserved KV fraction and the GPUs' reported compute utilization."""
+        kv = self.ledger.kv_utilization()
+        seen = [s.reported_util for s in self.ledger.slots if s.up and s.seen]
+        compute = sum(seen) / len(seen) if seen else 0.0
+        return kv if kv > compute else compute
+
+    def _observe_utilization(self, now: float) -> None:
+        util = self.utilization()
+        up = self.ledger.up_count()
+        flip = self.monitor.update(util, up, now)
+        if flip is not None:
+            self.scale_events.append(ScaleEvent(
+                pool=self.pool, at=now, autoscale=self.monitor.autoscale,
+                tightened=self.monitor.tightened, utilization=util, gpus=up, reason=flip,
+            ))
+
+    def _check_liveness(self, now: float, out: list[Decision]) -> None:
+        timeout = self.settings.gpu_timeout_s
+        for slot in self.ledger.slots:
+            if slot.up and slot.seen and now - slot.last_heartbeat > timeout:
+                self.ledger.set_up(slot, False)
+                lost = [p for p in self.inflight.values() if p.gpu is slot]
+                for p in lost:
+                    self._release(p)
+                    self._requeue(p, now, R.GPU_LOST, out)
+
+    def heartbeat(
+        self, *, gpu_id: str, gpu_type: str, speed: float, kv_budget: int, utilization: float,
+        up: bool, now: float,
+    ) -> list[Decision]:
+        """A GPU reported in: capacity, utilization, and whether it takes work."""
+        out: list[Decision] = []
+        slot = self.ledger.by_id.get(gpu_id)
+        if slot is None:
+            slot = self.add_gpu(gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, budget=kv_budget)
+        slot.seen = True
+        slot.last_heartbeat = now
+        slot.reported_util = utilization
+        if kv_budget != slot.budget:
+            self.ledger.set_budget(slot, kv_budget)
+            self._largest_fits.clear()
+        was_up = slot.up
+        self.ledger.set_up(slot, up)
+        if was_up and not up:
+            for p in [p for p in self.inflight.values() if p.gpu is slot]:
+                self._release(p)
+                self._requeue(p, now, R.GPU_LOST, out)
+        if up and not was_up:
+            self._observe_utilization(now)
+            self._dispatch_pass(now, out)
+        return out
+
+    def drain_scale_events(self) -> list[ScaleEvent]:
+        events, self.scale_events = self.scale_events, []
+        return events

@@ -1,0 +1,111 @@
+"""The gate: check 1 (tenant quota) for each arriving request, before any pool sees it.
+
+It also fixes what the request is charged: prompt + the tenant's learned share
+of max_tokens (expected output), and how hard the tenant is pushing (offered
+load / contracted rate), which fairness uses to lower a flooding tenant's priority.
+"""
+
+from __future__ import annotations
+
+from triage.admission.decision import Decision
+from triage.admission.pending import Pending
+from triage.admission.policy import PolicyFlags
+from triage.admission.predictor import WorkloadPredictor
+from triage.admission.quota import OfferedLoad, TokenBucket
+from triage.config.models import TenantConfig
+from triage.topics.reasons import Outcome, ReasonCode
+
+
+class TenantQuota:
+    """A tenant's bucket, request-rate limiter and offered-load meter."""
+
+    __slots__ = ("bucket", "cfg", "offered", "requests")
+
+    def __init__(self, cfg: TenantConfig) -> None:
+        self.cfg = cfg
+        self.bucket = TokenBucket(
+            rate=cfg.rate_tokens_per_s, burst=cfg.burst_tokens, max_debt=cfg.max_debt_tokens
+        )
+        r = cfg.max_requests_per_s
+        self.requests = (
+            TokenBucket(rate=r, burst=max(1.0, r), max_debt=0.0) if r is not None else None
+        )
+        self.offered = OfferedLoad()
+
+
+class Gate:
+    """Quota checks for every tenant."""
+
+    def __init__(
+        self, *, tenants: dict[str, TenantConfig], flags: PolicyFlags, predictor: WorkloadPredictor,
+    ) -> None:
+        self.flags = flags
+        self.predictor = predictor
+        self.quotas = {name: TenantQuota(cfg) for name, cfg in tenants.items()}
+
+    def check(
+        self, p: Pending, now: float, *, tightened: bool = False
+    ) -> Decision | None:
+        """None when `p` may go on to its pool (possibly as overage); else the refusal.
+
+        Tightened pools suspend borrowing: debt is for quiet times."""
+        tq = self.quotas[p.tenant]
+        cfg = tq.cfg
+        expected_out = self.predictor.ratio(p.tenant).value * p.max_tokens
+        if expected_out < 1.0:
+            expected_out = 1.0
+        p.expected_out = expected_out
+        cost = p.prompt_tokens + expected_out
+        p.expected_tokens = cost
+        p.pressure = tq.offered.add(cost, now) / cfg.rate_tokens_per_s
+        flags = self.flags
+        if not flags.quota:
+            return None
+        bucket = tq.bucket
+        bucket.refill(now)
+        borrowing = flags.borrowing and not tightened and bucket.max_debt > 0.0
+        tokens_ok = bucket.level - cost >= (-bucket.max_debt if borrowing else 0.0)
+        rl = tq.requests
+        if rl is None:
+            if tokens_ok:
+                bucket.level -= cost
+                return None
+            rate_ok = True
+        else:
+            rl.refill(now)
+            rate_ok = rl.level >= 1.0
+            if tokens_ok and rate_ok:
+                bucket.level -= cost
+                rl.level -= 1.0
+                return None
+        if cfg.allow_overage:
+            p.overage = True
+            p.cls = 1
+            return None
+        wait = bucket.wait_s(cost, borrowing)
+        if wait is None:
+            return self._refuse(
+                p, ReasonCode.QUOTA_NEVER_FITS, now, None, bucket, borrowing,
+                detail=f"costs {cost:.0f} tokens; the bucket never holds more than "
+                f"{bucket.burst + (bucket.max_debt if borrowing else 0.0):.0f}",
+            )
+        if rl is not None:
+            rate_wait = rl.wait_s(1.0, False) or 0.0
+            wait = wait if wait > rate_wait else rate_wait
+        reason = ReasonCode.TENANT_QUOTA_EXCEEDED if not tokens_ok else ReasonCode.TENANT_RATE_LIMITED
+        return self._refuse(p, reason, now, wait, bucket, borrowing)
+
+    def _refuse(
+        self, p: Pending, reason: ReasonCode, now: float, retry_s: float | None,
+        bucket: TokenBucket, borrowing: bool, detail: str | None = None,
+    ) -> Decision:
+        return Decision(
+            p.request_id, p.tenant, p.model, p.pool, Outcome.REJECT, reason, now,
+            retry_after_s=retry_s, policy=self.flags.name, policy_version=self.flags.version,
+            request_tokens=p.expected_tokens, bucket_level=bucket.level,
+            bucket_burst=bucket.burst, bucket_debt_ceiling=bucket.max_debt if borrowing else 0.0,
+            sla_s=p.sla_s, detail=detail,
+        )
+
+    def bucket(self, tenant: str) -> TokenBucket:
+        return self.quotas[tenant].bucket

@@ -1,0 +1,87 @@
+"""Utilization hysteresis: admission tightens first (fast), an autoscale signal
+follows if utilization persists (slow), and both relax only after sustained
+drops, the autoscale signal only once new capacity has arrived (or the load has
+stayed low for twice the relax window). No state flips twice within `hold_s`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class HysteresisSettings:
+    low: float  # relax below this
+    high: float  # tighten above this
+    autoscale_margin: float  # autoscale above high + margin ...
+    autoscale_after_s: float  # ... held this long
+    relax_after_s: float  # below low this long before relaxing
+    hold_s: float  # minimum time between two flips
+
+
+class HysteresisMonitor:
+    """Two-threshold controller of one pool."""
+
+    __slots__ = (
+        "_above_since",
+        "_below_since",
+        "_gpus_at_signal",
+        "_hot_since",
+        "autoscale",
+        "enabled",
+        "flips",
+        "last_flip",
+        "settings",
+        "tightened",
+        "utilization",
+    )
+
+    def __init__(self, settings: HysteresisSettings, *, enabled: bool = True) -> None:
+        self.settings = settings
+        self.enabled = enabled
+        self.tightened = False
+        self.autoscale = False
+        self.utilization = 0.0
+        self.last_flip = float("-inf")
+        self.flips: list[tuple[float, str]] = []  # (time, what) for tests and metrics
+        self._above_since: float | None = None
+        self._hot_since: float | None = None
+        self._below_since: float | None = None
+        self._gpus_at_signal = 0
+
+    def update(self, utilization: float, gpus: int, now: float) -> str | None:
+        """Feed a reading; returns what flipped ('tighten', 'autoscale', 'autoscale_off',
+        'relax') or None. At most one flip per call and per hold period."""
+        if not self.enabled:
+            return None
+        s = self.settings
+        self.utilization = utilization
+        self._above_since = (self._above_since if self._above_since is not None else now) if utilization > s.high else None
+        hot = utilization > s.high + s.autoscale_margin
+        self._hot_since = (self._hot_since if self._hot_since is not None else now) if hot else None
+        self._below_since = (self._below_since if self._below_since is not None else now) if utilization < s.low else None
+        if now - self.last_flip < s.hold_s:
+            return None
+        flip: str | None = None
+        if not self.tightened and self._above_since is not None:
+            self.tightened, flip = True, "tighten"
+        elif (
+            self.tightened and not self.autoscale and self._hot_since is not None
+            and now - self._hot_since >= s.autoscale_after_s
+        ):
+            self.autoscale, flip = True, "autoscale"
+            self._gpus_at_signal = gpus
+        elif self._below_since is not None and now - self._below_since >= s.relax_after_s:
+            low_for = now - self._below_since
+            if self.autoscale:
+                if gpus > self._gpus_at_signal or low_for >= 2.0 * s.relax_after_s:
+                    self.autoscale, flip = False, "autoscale_off"
+                    self._below_since = now  # relax admission only after another quiet window
+            elif self.tightened:
+                self.tightened, flip = False, "relax"
+        if flip is not None:
+            self.last_flip = now
+            self.flips.append((now, flip))
+            if len(self.flips) > 1000:
+                del self.flips[:500]
+        return flip

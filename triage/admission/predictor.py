@@ -1,0 +1,283 @@
+"""Check 5, workload prediction: execution time fitted online from completions.
+
+Per model and GPU type: prefill seconds per prompt token (a line through the
+origin), and decode seconds per output token as a line in the number of
+concurrent sequences (continuous batching slows decode). Per tenant: the ratio
+of used to requested output tokens. The variance buffer is the empirical
+quantile of actual/predicted time, at 1 - target miss rate.
+
+All fits are exponentially decayed sums, seeded with the configured priors as
+pseudo-observations, so predictions are sane before the first completion.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import insort
+
+PRIOR_WEIGHT = 20.0  # pseudo-observations behind each prior
+
+
+class CostModel:
+    """Time model of one model on one GPU type."""
+
+    __slots__ = (
+        "_b0",
+        "_b1",
+        "_prefill",
+        "decay",
+        "dn",
+        "dnn",
+        "dny",
+        "dw",
+        "dy",
+        "observations",
+        "pxx",
+        "pxy",
+    )
+
+    def __init__(
+        self, *, prefill_s_per_token: float, decode_s_per_token: float,
+        batch_slowdown: float, half_life: int,
+    ) -> None:
+        self.decay = 0.5 ** (1.0 / half_life)
+        # prefill: y = a * x through the origin; sums at a 1,000-token reference prompt
+        ref = 1000.0
+        self.pxx = PRIOR_WEIGHT * ref * ref
+        self.pxy = PRIOR_WEIGHT * ref * ref * prefill_s_per_token
+        # decode per token: y = b0 + b1 * (n - 1); priors at n = 1 and n = 17
+        b0 = decode_s_per_token
+        b1 = decode_s_per_token * batch_slowdown
+        w = PRIOR_WEIGHT / 2.0
+        self.dw = 2 * w
+        self.dn = w * 16.0
+        self.dnn = w * 256.0
+        self.dy = w * b0 + w * (b0 + 16.0 * b1)
+        self.dny = w * 16.0 * (b0 + 16.0 * b1)
+        self.observations = 0
+        self._refit()
+
+    def _refit(self) -> None:
+        """Solve the fits once per observation, not once per prediction."""
+        self._prefill = self.pxy / self.pxx
+        self._b0, self._b1 = self.decode_coefficients()
+
+    @property
+    def prefill_s_per_token(self) -> float:
+        return self.pxy / self.pxx
+
+    def decode_coefficients(self) -> tuple[float, float]:
+        """(seconds per token alone, extra seconds per token per additional sequence)."""
+        det = self.dw * self.dnn - self.dn * self.dn
+        if det <= 1e-12:
+            return self.dy / self.dw, 0.0
+        b1 = (self.dw * self.dny - self.dn * self.dy) / det
+        b0 = (self.dy - b1 * self.dn) / self.dw
+        if b1 < 0.0:  # more company never makes decode faster: refit flat
+            return self.dy / self.dw, 0.0
+        return max(b0, 1e-9), b1
+
+    def predict(self, prompt_tokens: float, output_tokens: float, concurrency: float) -> float:
+        n1 = concurrency - 1.0 if concurrency > 1.0 else 0.0
+        return prompt_tokens * self._prefill + output_tokens * (self._b0 + self._b1 * n1)
+
+    def observe(
+        self, *, prompt_tokens: int, prefill_s: float, output_tokens: int,
+        decode_s: float, concurrency: float,
+    ) -> None:
+        d = self.decay
+        if prompt_tokens > 0 and prefill_s >= 0.0:
+            x = float(prompt_tokens)
+            self.pxx = self.pxx * d + x * x
+            self.pxy = self.pxy * d + x * prefill_s
+        if output_tokens > 0 and decode_s >= 0.0:
+            y = decode_s / output_tokens
+            n = (concurrency - 1.0) if concurrency > 1.0 else 0.0
+            self.dw = self.dw * d + 1.0
+            self.dn = self.dn * d + n
+            self.dnn = self.dnn * d + n * n
+            self.dy = self.dy * d + y
+            self.dny = self.dny * d + n * y
+        self.observations += 1
+        self._refit()
+
+    def snapshot(self) -> dict[str, float]:
+        return {k: float(getattr(self, k)) for k in ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny", "observations")}
+
+    def restore(self, state: dict[str, float]) -> None:
+        for k in ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny"):
+            setattr(self, k, float(state[k]))
+        self.observations = int(state.get("observations", 0))
+        self._refit()
+
+
+class OutputRatio:
+    """A tenant's learned ratio of generated to requested output tokens (not a fixed 0.7)."""
+
+    __slots__ = ("decay", "total", "value", "weight")
+
+    def __init__(self, *, prior: float, half_life: int) -> None:
+        self.decay = 0.5 ** (1.0 / half_life)
+        self.weight = PRIOR_WEIGHT / 4.0
+        self.total = prior * self.weight
+        self.value = prior  # total / weight, kept current on each observation
+
+    def observe(self, output_tokens: int, max_tokens: int) -> None:
+        if max_tokens <= 0:
+            return
+        r = output_tokens / max_tokens
+        r = 1.0 if r > 1.0 else r
+        self.total = self.total * self.decay + r
+        self.weight = self.weight * self.decay + 1.0
+        self.value = self.total / self.weight
+
+
+class VarianceBuffer:
+    """The factor the core multiplies predictions by: the (1 - target miss rate) quantile
+    of actual/predicted over a sliding window; `initial` until enough samples."""
+
+    __slots__ = ("_ring", "_sorted", "_i", "initial", "min_samples", "q", "value", "window")
+
+    def __init__(
+        self, *, initial: float, target_miss_rate: float, window: int, min_samples: int,
+        adaptive: bool = True,
+    ) -> None:
+        self.initial = initial
+        self.value = initial
+        self.q = 1.0 - target_miss_rate
+        self.window = window
+        self.min_samples = min(min_samples, window) if adaptive else window + 1
+        self._ring: list[float] = []
+        self._sorted: list[float] = []
+        self._i = 0
+
+    def observe(self, actual_s: float, predicted_s: float) -> None:
+        if predicted_s <= 0.0 or not math.isfinite(actual_s) or actual_s < 0.0:
+            return
+        r = actual_s / predicted_s
+        if len(self._ring) < self.window:
+            self._ring.append(r)
+        else:
+            old = self._ring[self._i]
+            self._ring[self._i] = r
+            self._i = (self._i + 1) % self.window
+            # remove one copy of old from the sorted list (bisect keeps this O(log n) + shift)
+            from bisect import bisect_left
+
+            del self._sorted[bisect_left(self._sorted, old)]
+        insort(self._sorted, r)
+        n = len(self._sorted)
+        if n >= self.min_samples:
+            k = min(n - 1, int(math.ceil(self.q * n)) - 1)
+            v = self._sorted[max(0, k)]
+            self.value = 1.0 if v < 1.0 else (10.0 if v > 10.0 else v)
+
+    @property
+    def samples(self) -> int:
+        return len(self._ring)
+
+    def relative_errors(self) -> list[float]:
+        return list(self._ring)
+
+
+class WorkloadPredictor:
+    """Every learned quantity the core predicts with, created lazily from the priors."""
+
+    __slots__ = ("_costs", "_ratios", "_tenant_priors", "buffer", "fixed_buffer", "gpu_speed", "half_life", "model_priors")
+
+    def __init__(
+        self,
+        *,
+        model_priors: dict[str, tuple[float, float, float]],
+        gpu_speed: dict[str, float],
+        tenant_priors: dict[str, float],
+        initial_buffer: float = 1.3,
+        adaptive_buffer: bool = True,
+        target_miss_rate: float = 0.05,
+        residual_window: int = 512,
+        min_samples: int = 50,
+        half_life: int = 500,
+        fixed_buffer: float | None = None,
+    ) -> None:
+        self.model_priors = model_priors  # model -> (prefill s/token, decode s/token, slowdown)
+        self.gpu_speed = gpu_speed  # gpu type -> speed relative to the priors
+        self._tenant_priors = tenant_priors
+        self.half_life = half_life
+        self.fixed_buffer = fixed_buffer
+        self.buffer = VarianceBuffer(
+            initial=initial_buffer if fixed_buffer is None else fixed_buffer,
+            target_miss_rate=target_miss_rate,
+            window=residual_window,
+            min_samples=min_samples,
+            adaptive=adaptive_buffer and fixed_buffer is None,
+        )
+        self._costs: dict[tuple[str, str], CostModel] = {}
+        self._ratios: dict[str, OutputRatio] = {}
+
+    def cost_model(self, model: str, gpu_type: str) -> CostModel:
+        key = (model, gpu_type)
+        cm = self._costs.get(key)
+        if cm is None:
+            prefill, decode, slowdown = self.model_priors[model]
+            speed = self.gpu_speed.get(gpu_type, 1.0)
+            cm = CostModel(
+                prefill_s_per_token=prefill / speed,
+                decode_s_per_token=decode / speed,
+                batch_slowdown=slowdown,
+                half_life=self.half_life,
+            )
+            self._costs[key] = cm
+        return cm
+
+    def ratio(self, tenant: str) -> OutputRatio:
+        r = self._ratios.get(tenant)
+        if r is None:  # first sight of the tenant
+            r = OutputRatio(prior=self._tenant_priors.get(tenant, 0.7), half_life=self.half_life)
+            self._ratios[tenant] = r
+        return r
+
+    @property
+    def variance_buffer(self) -> float:
+        return self.buffer.value
+
+    def observe(
+        self, *, tenant: str, model: str, gpu_type: str, prompt_tokens: int, output_tokens: int,
+        max_tokens: int, prefill_s: float, decode_s: float, concurrency: float,
+        predicted_raw_s: float,
+    ) -> float:
+        """Learn from a completion; returns the relative error actual/predicted (0 if none)."""
+        self.cost_model(model, gpu_type).observe(
+            prompt_tokens=prompt_tokens, prefill_s=prefill_s, output_tokens=output_tokens,
+            decode_s=decode_s, concurrency=concurrency,
+        )
+        self.ratio(tenant).observe(output_tokens, max_tokens)
+        actual = prefill_s + decode_s
+        if predicted_raw_s > 0.0:
+            self.buffer.observe(actual, predicted_raw_s)
+            return actual / predicted_raw_s
+        return 0.0
+
+    def snapshot(self) -> dict[str, object]:
+        return {
+            "costs": {f"{m}|{g}": cm.snapshot() for (m, g), cm in self._costs.items()},
+            "ratios": {t: [r.total, r.weight] for t, r in self._ratios.items()},
+            "residuals": self.buffer.relative_errors(),
+        }
+
+    def restore(self, state: dict[str, object]) -> None:
+        costs = state.get("costs", {})
+        assert isinstance(costs, dict)
+        for key, snap in costs.items():
+            m, g = str(key).split("|", 1)
+            if m in self.model_priors:
+                self.cost_model(m, g).restore(snap)
+        ratios = state.get("ratios", {})
+        assert isinstance(ratios, dict)
+        for t, (total, weight) in ratios.items():
+            r = self.ratio(t)
+            r.total, r.weight = float(total), float(weight)
+            r.value = r.total / r.weight
+        residuals = state.get("residuals", [])
+        assert isinstance(residuals, list)
+        for x in residuals:
+            self.buffer.observe(float(x), 1.0)

@@ -1,0 +1,159 @@
+"""The bounded queue of one pool: bounds per tenant and per pool, a max wait, and an
+order set by the fairness policy (or FIFO for the baselines).
+
+Layout: one heap per tenant ordered by (class, deadline, arrival); a heap of tenants
+ordered by (class of its head, virtual service, head deadline); an expiry heap.
+Entries are invalidated lazily (a request that left is skipped when met), so
+push, pop and remove are O(log n).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from triage.admission.pending import Pending
+
+_ALL = ""  # FIFO mode: every tenant shares one lane
+
+
+class PoolQueue:
+    """Waiting requests of one pool."""
+
+    __slots__ = (
+        "_expiry",
+        "_lanes",
+        "_lane_heap",
+        "_lane_ver",
+        "fifo",
+        "max_size",
+        "members",
+        "tenant_count",
+        "tenant_limits",
+        "tenant_work_s",
+        "work_s",
+    )
+
+    def __init__(self, *, max_size: int, tenant_limits: dict[str, int], fifo: bool) -> None:
+        self.max_size = max_size
+        self.tenant_limits = tenant_limits
+        self.fifo = fifo
+        self.members: dict[str, Pending] = {}
+        self.tenant_count: dict[str, int] = {}
+        self.work_s = 0.0  # predicted seconds of queued work (for drain estimates)
+        self.tenant_work_s: dict[str, float] = {}
+        self._lanes: dict[str, list[tuple[int, float, int, Pending]]] = {}
+        self._lane_heap: list[tuple[int, float, float, int, int, str]] = []
+        self._lane_ver: dict[str, int] = {}
+        self._expiry: list[tuple[float, int, Pending]] = []
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    def has_room(self, tenant: str) -> tuple[bool, bool]:
+        """(pool has room, tenant has room)."""
+        return (
+            len(self.members) < self.max_size,
+            self.tenant_count.get(tenant, 0) < self.tenant_limits.get(tenant, self.max_size),
+        )
+
+    def push(self, p: Pending, service: float, work_s: float) -> None:
+        """Add `p` (its seq, expires_at and enqueued_at already set)."""
+        self.members[p.request_id] = p
+        t = p.tenant
+        self.tenant_count[t] = self.tenant_count.get(t, 0) + 1
+        self.work_s += work_s
+        self.tenant_work_s[t] = self.tenant_work_s.get(t, 0.0) + work_s
+        lane_key = _ALL if self.fifo else t
+        lane = self._lanes.get(lane_key)
+        if lane is None:
+            lane = self._lanes[lane_key] = []
+        entry = (0, float(p.seq), p.seq, p) if self.fifo else (p.cls, p.deadline, p.seq, p)
+        heapq.heappush(lane, entry)
+        if lane[0] is entry:
+            self._touch_lane(lane_key, service)
+        heapq.heappush(self._expiry, (p.expires_at, p.seq, p))
+
+    def _valid(self, p: Pending, seq: int) -> bool:
+        return p.seq == seq and self.members.get(p.request_id) is p
+
+    def _lane_head(self, lane_key: str) -> Pending | None:
+        lane = self._lanes.get(lane_key)
+        while lane:
+            _, _, seq, p = lane[0]
+            if self._valid(p, seq):
+                return p
+            heapq.heappop(lane)
+        return None
+
+    def _touch_lane(self, lane_key: str, service: float) -> None:
+        head = self._lane_head(lane_key)
+        ver = self._lane_ver.get(lane_key, 0) + 1
+        self._lane_ver[lane_key] = ver
+        if head is not None:
+            if self.fifo:
+                heapq.heappush(self._lane_heap, (0, 0.0, 0.0, head.seq, ver, lane_key))
+            else:
+                heapq.heappush(
+                    self._lane_heap, (head.cls, service, head.deadline, head.seq, ver, lane_key)
+                )
+
+    def head(self) -> tuple[Pending, tuple[int, float, float]] | None:
+        """The next request in fairness order, and its lane's key (class, service, deadline)."""
+        heap = self._lane_heap
+        while heap:
+            cls, service, deadline, _seq, ver, lane_key = heap[0]
+            if ver == self._lane_ver.get(lane_key):
+                p = self._lane_head(lane_key)
+                if p is not None and p.seq == _seq:
+                    return p, (cls, service, deadline)
+            heapq.heappop(heap)
+        return None
+
+    def set_aside(self) -> tuple[int, float, float, int, int, str] | None:
+        """Pop the top lane entry (valid) so a dispatch pass can look at the next lane."""
+        if self.head() is None:
+            return None
+        return heapq.heappop(self._lane_heap)
+
+    def put_back(self, entry: tuple[int, float, float, int, int, str]) -> None:
+        heapq.heappush(self._lane_heap, entry)
+
+    def remove(self, p: Pending, service: float, work_s: float) -> None:
+        """Take `p` out (dispatched, expired, cancelled); its heap entries die lazily."""
+        if self.members.get(p.request_id) is not p:
+            return
+        del self.members[p.request_id]
+        t = p.tenant
+        n = self.tenant_count[t] - 1
+        if n:
+            self.tenant_count[t] = n
+        else:
+            del self.tenant_count[t]
+        self.work_s = max(0.0, self.work_s - work_s)
+        self.tenant_work_s[t] = max(0.0, self.tenant_work_s.get(t, 0.0) - work_s)
+        lane_key = _ALL if self.fifo else t
+        self._touch_lane(lane_key, service)
+
+    def refresh(self, tenant: str, service: float) -> None:
+        """The tenant's service changed: re-key its lane."""
+        if not self.fifo and tenant in self.tenant_count:
+            self._touch_lane(tenant, service)
+
+    def pop_expired(self, now: float) -> list[Pending]:
+        """Requests whose wait ended at or before `now`, soonest first (still members)."""
+        out: list[Pending] = []
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            _, seq, p = heapq.heappop(heap)
+            if self._valid(p, seq):
+                out.append(p)
+        return out
+
+    def next_expiry(self) -> float | None:
+        heap = self._expiry
+        while heap:
+            _, seq, p = heap[0]
+            if self._valid(p, seq):
+                return heap[0][0]
+            heapq.heappop(heap)
+        return None
