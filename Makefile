@@ -1,0 +1,53 @@
+# triage: the two commands of the README are `make demo` and `make test`.
+# Both install what they need first (a venv with pip, Kafka's jars with Maven),
+# and both run against a real local Apache Kafka broker (see `triage kafka`).
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.triage-installed
+KAFKA_PORT ?= 9092
+
+.PHONY: help install test demo lint broker-up broker-down clean distclean
+
+help: ## List the targets.
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv, install triage with dev deps, fetch Kafka's jars (once).
+	@$(BIN)/triage kafka install
+
+broker-up: install ## Start the local Kafka broker on KAFKA_PORT (default 9092); idempotent.
+	@$(BIN)/triage kafka up --port $(KAFKA_PORT)
+
+broker-down: ## Stop the local Kafka broker that triage started.
+	@if [ -x $(BIN)/triage ]; then $(BIN)/triage kafka down --port $(KAFKA_PORT); fi
+
+test: broker-up ## Run the tests (real broker), ruff and mypy; fails if any of them fails.
+	@rc=0; \
+	TRIAGE_TEST_BOOTSTRAP=$${TRIAGE_TEST_BOOTSTRAP:-127.0.0.1:$(KAFKA_PORT)} $(BIN)/pytest -q || rc=1; \
+	$(BIN)/ruff check . || rc=1; \
+	$(BIN)/mypy || rc=1; \
+	exit $$rc
+
+demo: install ## Bring up the broker and topics and run the demo.
+	$(BIN)/triage demo
+
+lint: install ## ruff and mypy only.
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+
+clean: ## Remove caches and local run output (keeps .venv and the broker's data).
+	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist var reports demo-out
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
+
+distclean: broker-down clean ## Also remove .venv (Kafka's jars and data stay in ~/.cache/triage).
+	rm -rf $(VENV)

@@ -1,0 +1,431 @@
+"""A single-node Apache Kafka broker (KRaft) run from Maven-resolved jars.
+
+There is no Docker engine on our machines, so the broker is Apache Kafka's own
+`kafka.Kafka` main class on a classpath that Maven copies into a cache outside
+the repository (ops/kafka/pom.xml). Everything here is idempotent: `install`
+runs Maven once, storage is formatted once, `start` on a running broker
+returns at once, and a pid file left by a dead broker is cleaned up.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import shlex
+import shutil
+import signal
+import socket
+import string
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from triage.kafka.clients import broker_reachable
+
+log = logging.getLogger(__name__)
+
+KAFKA_VERSION = "3.9.1"  # keep in sync with ops/kafka/pom.xml
+DEFAULT_PORT = 9092
+DEFAULT_HEAP = "-Xms512m -Xmx1g"  # enough for tests and the demo on a 2-core, 24 GB machine
+OPS_DIR = Path(__file__).resolve().parents[2] / "ops" / "kafka"
+_KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
+_MAIN_CLASS = "kafka.Kafka"
+
+
+class LocalBrokerError(RuntimeError):
+    """The local broker could not be installed, started or stopped."""
+
+
+class ToolMissingError(LocalBrokerError):
+    """java or mvn is not installed."""
+
+
+class PortInUseError(LocalBrokerError):
+    """Something that is not a Kafka broker listens on one of our ports."""
+
+
+class ForeignBrokerError(LocalBrokerError):
+    """A Kafka broker that triage did not start already serves the port."""
+
+    def __init__(self, bootstrap: str) -> None:
+        super().__init__(
+            f"a Kafka broker that triage did not start already answers on {bootstrap}; "
+            "triage leaves it alone (use it, stop it yourself, or pick another --port)"
+        )
+        self.bootstrap = bootstrap
+
+
+class BrokerStartError(LocalBrokerError):
+    """The broker process exited or never answered a metadata request."""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """What `triage kafka status` reports."""
+
+    bootstrap: str  # host:port clients connect to
+    port: int
+    controller_port: int
+    pid: int | None  # pid of the broker we started, None when ours is not running
+    managed: bool  # True when the broker on the port is the one we started
+    reachable: bool  # a metadata request succeeded (an open port is not enough)
+    version: str | None  # Kafka version of our broker; None for a foreign one
+    data_dir: str
+    log_path: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True, slots=True)
+class StartResult:
+    """What `start` did, and how long the broker took to answer."""
+
+    status: BrokerStatus
+    started: bool  # False when it was already running (nothing was done)
+    formatted: bool  # storage was formatted on this start (first run of a data dir)
+    ready_s: float  # launch to first answered metadata request (0 when not started)
+    total_s: float  # including install and storage format
+
+
+def kafka_home() -> Path:
+    """Where the jars live: $TRIAGE_KAFKA_HOME, else ~/.cache/triage/kafka/<version>."""
+    env = os.environ.get("TRIAGE_KAFKA_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path.home() / ".cache" / "triage" / "kafka" / KAFKA_VERSION
+
+
+def default_data_dir(port: int) -> Path:
+    return Path.home() / ".cache" / "triage" / "kafka-data" / str(port)
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout_s: float = 0.5) -> bool:
+    """True when something accepts TCP connections on host:port (quietly, no Kafka client)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def _require(tool: str, hint: str) -> str:
+    path = shutil.which(tool)
+    if path is None:
+        raise ToolMissingError(f"{tool} not found on PATH: {hint}")
+    return path
+
+
+def _java() -> str:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").is_file():
+        return str(Path(java_home) / "bin" / "java")
+    return _require(
+        "java", "install a JDK or JRE 17 (e.g. apt-get install openjdk-17-jre-headless)"
+    )
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """An exclusive advisory lock, so two `up` calls do not race."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+class LocalBroker:
+    """One local KRaft broker, identified by its port and data directory."""
+
+    def __init__(
+        self,
+        *,
+        port: int = DEFAULT_PORT,
+        controller_port: int | None = None,
+        data_dir: str | Path | None = None,
+        heap_opts: str = DEFAULT_HEAP,
+        home: str | Path | None = None,
+        ready_timeout_s: float = 90.0,
+    ) -> None:
+        self.port = port
+        self.controller_port = controller_port if controller_port is not None else port + 1
+        self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir(port)
+        self.heap_opts = heap_opts
+        self.home = Path(home).expanduser() if home else kafka_home()
+        self.ready_timeout_s = ready_timeout_s
+
+    # --- paths ---------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def lib_dir(self) -> Path:
+        return self.home / "lib"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "logs" / "server.log"
+
+    @property
+    def _stdout_path(self) -> Path:
+        return self.data_dir / "logs" / "stdout.log"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.data_dir / "broker.pid"
+
+    @property
+    def _server_properties(self) -> Path:
+        return self.data_dir / "server.properties"
+
+    @property
+    def _log_dirs(self) -> Path:
+        return self.data_dir / "kraft-logs"
+
+    # --- install -------------------------------------------------------------
+
+    def installed(self) -> bool:
+        marker = self.home / ".installed"
+        return (
+            (self.lib_dir / _KAFKA_JAR).is_file()
+            and marker.is_file()
+            and marker.read_text().strip() == _pom_digest()
+        )
+
+    def install(self, *, force: bool = False) -> bool:
+        """Copy Kafka's runtime jars from Maven into the cache; True when Maven ran."""
+        pom = OPS_DIR / "pom.xml"
+        if not pom.is_file():
+            raise LocalBrokerError(f"{pom} not found: the local broker needs a source checkout")
+        with _locked(self.home / ".lock"):
+            if self.installed() and not force:
+                return False
+            mvn = _require("mvn", "install Apache Maven 3.8+ (e.g. apt-get install maven)")
+            staging = self.home / f"lib.tmp-{os.getpid()}"
+            shutil.rmtree(staging, ignore_errors=True)
+            cmd = [
+                mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
+                "dependency:copy-dependencies", "-DincludeScope=runtime",
+                f"-DoutputDirectory={staging}",
+            ]  # fmt: skip
+            log.info("resolving Kafka %s with Maven into %s", KAFKA_VERSION, self.lib_dir)
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
+            if proc.returncode != 0 or not (staging / _KAFKA_JAR).is_file():
+                shutil.rmtree(staging, ignore_errors=True)
+                out = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
+                raise LocalBrokerError(f"Maven could not resolve Kafka {KAFKA_VERSION}:\n{out}")
+            shutil.rmtree(self.lib_dir, ignore_errors=True)
+            staging.rename(self.lib_dir)
+            (self.home / ".installed").write_text(_pom_digest() + "\n")
+            return True
+
+    # --- status --------------------------------------------------------------
+
+    def _our_pid(self) -> int | None:
+        """The pid in the pid file if that process is our broker; clears a stale file."""
+        try:
+            pid = int(self._pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+        if _is_our_broker(pid, self._server_properties):
+            return pid
+        log.info("removing stale pid file %s (pid %d is not our broker)", self._pid_file, pid)
+        self._pid_file.unlink(missing_ok=True)
+        return None
+
+    def status(self) -> BrokerStatus:
+        pid = self._our_pid()
+        reachable = port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=3.0)
+        return BrokerStatus(
+            bootstrap=self.bootstrap,
+            port=self.port,
+            controller_port=self.controller_port,
+            pid=pid,
+            managed=pid is not None,
+            reachable=reachable,
+            version=KAFKA_VERSION if pid is not None else None,
+            data_dir=str(self.data_dir),
+            log_path=str(self.log_path),
+        )
+
+    # --- start ---------------------------------------------------------------
+
+    def start(self) -> StartResult:
+        """Start the broker unless ours already runs; return when it answers metadata."""
+        t0 = time.monotonic()
+        with _locked(self.data_dir / ".lock"):
+            pid = self._our_pid()
+            if pid is not None:  # ours runs already (maybe still starting): just wait for it
+                self._wait_ready(pid, time.monotonic())
+                return StartResult(self.status(), False, False, 0.0, time.monotonic() - t0)
+            self._check_ports_free()
+            java = _java()
+            self.install()
+            self._write_properties()
+            formatted = self._format_once(java)
+            launched = time.monotonic()
+            pid = self._launch(java)
+            ready_s = self._wait_ready(pid, launched)
+        log.info("Kafka %s ready on %s after %.1fs (pid %d)", KAFKA_VERSION, self.bootstrap,
+                 ready_s, pid)  # fmt: skip
+        return StartResult(self.status(), True, formatted, ready_s, time.monotonic() - t0)
+
+    def _check_ports_free(self) -> None:
+        if port_open(self.port):
+            if broker_reachable(self.bootstrap, timeout_s=3.0):
+                raise ForeignBrokerError(self.bootstrap)
+            raise PortInUseError(f"port {self.port} is in use by something that is not Kafka")
+        if port_open(self.controller_port):
+            raise PortInUseError(
+                f"controller port {self.controller_port} is in use; pick another --port "
+                "(the controller takes port + 1)"
+            )
+
+    def _write_properties(self) -> None:
+        template = string.Template((OPS_DIR / "server.properties.template").read_text())
+        text = template.substitute(
+            port=self.port, controller_port=self.controller_port, log_dirs=self._log_dirs
+        )
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self._server_properties.write_text(text)
+
+    def _format_once(self, java: str) -> bool:
+        """Format KRaft storage unless this data dir already has it."""
+        if (self._log_dirs / "meta.properties").is_file():
+            return False
+        cluster_id = _random_cluster_id()
+        cmd = [
+            java, *self._jvm_opts(heap="-Xmx256m"), "-cp", str(self.lib_dir / "*"),
+            "kafka.tools.StorageTool", "format", "-t", cluster_id,
+            "-c", str(self._server_properties), "--ignore-formatted",
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
+        if proc.returncode != 0:
+            raise BrokerStartError(
+                f"formatting {self._log_dirs} failed:\n{proc.stdout}{proc.stderr}"
+            )
+        log.info("formatted KRaft storage in %s (cluster id %s)", self._log_dirs, cluster_id)
+        return True
+
+    def _jvm_opts(self, heap: str) -> list[str]:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        return [
+            *shlex.split(heap),
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j.configuration=file:{OPS_DIR / 'log4j.properties'}",
+            f"-Dkafka.logs.dir={self.log_path.parent}",
+        ]
+
+    def _launch(self, java: str) -> int:
+        """Start java detached (own session, reparented to init) and record its pid."""
+        cmd = [
+            java, *self._jvm_opts(self.heap_opts), "-cp", str(self.lib_dir / "*"),
+            _MAIN_CLASS, str(self._server_properties),
+        ]  # fmt: skip
+        # sh backgrounds java and exits at once, so java is nobody's child and never a zombie.
+        script = '"$@" </dev/null >>"$TRIAGE_KAFKA_STDOUT" 2>&1 & echo $!'
+        env = {**os.environ, "TRIAGE_KAFKA_STDOUT": str(self._stdout_path)}
+        proc = subprocess.run(
+            ["/bin/sh", "-c", script, "sh", *cmd],
+            capture_output=True, text=True, env=env, timeout=30, start_new_session=True,
+            check=True,
+        )  # fmt: skip
+        pid = int(proc.stdout.strip())
+        self._pid_file.write_text(f"{pid}\n")
+        log.info("launched Kafka %s (pid %d), log %s", KAFKA_VERSION, pid, self.log_path)
+        return pid
+
+    def _wait_ready(self, pid: int, since: float) -> float:
+        deadline = since + self.ready_timeout_s
+        while True:
+            if not _is_our_broker(pid, self._server_properties):
+                self._pid_file.unlink(missing_ok=True)
+                raise BrokerStartError(
+                    f"the broker (pid {pid}) exited during start-up; last lines of "
+                    f"{self.log_path}:\n{_tail(self.log_path)}\n{_tail(self._stdout_path)}"
+                )
+            if port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=2.0):
+                return time.monotonic() - since
+            if time.monotonic() > deadline:
+                raise BrokerStartError(
+                    f"the broker (pid {pid}) did not answer on {self.bootstrap} within "
+                    f"{self.ready_timeout_s:.0f}s; see {self.log_path}"
+                )
+            time.sleep(0.2)
+
+    # --- stop ----------------------------------------------------------------
+
+    def stop(self, *, timeout_s: float = 30.0) -> bool:
+        """SIGTERM our broker, wait, SIGKILL if it lingers; False when ours was not running."""
+        with _locked(self.data_dir / ".lock"):
+            pid = self._our_pid()
+            if pid is None:
+                return False
+            log.info("stopping Kafka (pid %d)", pid)
+            proc = psutil.Process(pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except psutil.TimeoutExpired:
+                log.warning("Kafka (pid %d) ignored SIGTERM for %.0fs; killing it", pid, timeout_s)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(psutil.TimeoutExpired):
+                    proc.wait(timeout=10)
+            except psutil.NoSuchProcess:
+                pass
+            self._pid_file.unlink(missing_ok=True)
+            return True
+
+
+def _is_our_broker(pid: int, server_properties: Path) -> bool:
+    """True when pid is a live java running kafka.Kafka with our server.properties."""
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmdline = proc.cmdline()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+    return _MAIN_CLASS in cmdline and str(server_properties) in cmdline
+
+
+def _random_cluster_id() -> str:
+    """Same format as `kafka-storage.sh random-uuid`, without starting a JVM.
+
+    Like Kafka's Uuid.randomUuid, never start with '-' (it would read as a CLI option).
+    """
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+def _pom_digest() -> str:
+    return hashlib.sha256((OPS_DIR / "pom.xml").read_bytes()).hexdigest()
