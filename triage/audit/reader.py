@@ -1,0 +1,194 @@
+"""Read one request's DecisionRecords: from the decisions topic, or from an export file.
+
+Which partitions to scan: all of them. Decisions are keyed by request_id, but the
+key -> partition mapping is not one we can recompute reliably at read time:
+the Faust app (aiokafka) partitions keys with murmur2 like Java, while
+confluent-kafka/librdkafka defaults to ``consistent_random`` (CRC32) unless
+told ``partitioner=murmur2_random``, so two writers can place one key on two
+partitions; and a topic whose partition count grew since the write maps the key
+elsewhere now. Scanning every partition is always right; ``since_ms`` (seek by
+timestamp with offsets_for_times) is what bounds the cost on a long-retention log.
+
+Matching is on the parsed value's request_id, not the key bytes, so a writer that
+serializes keys differently (raw vs JSON-quoted) cannot hide records.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from pydantic import ValidationError
+
+from triage.audit.errors import DecisionSourceError, InvalidSinceError
+from triage.kafka.clients import make_consumer
+from triage.topics.messages import DecisionRecord
+
+log = logging.getLogger(__name__)
+
+CONSUME_BATCH = 1000
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
+_UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What a scan found, and how much it looked at (for a useful 'not found' message)."""
+
+    records: list[DecisionRecord] = field(default_factory=list)
+    scanned: int = 0  # messages (or lines) looked at
+    partitions: int = 0  # partitions scanned (0 for a file)
+    unparseable: int = 0  # candidates that mentioned the id but did not parse
+    complete: bool = True  # False when the scan stopped at its timeout
+
+
+def parse_since(text: str, *, now_ms: int) -> int:
+    """``--since``: epoch milliseconds, a relative age (``90s``, ``15m``, ``2h``, ``3d``), or an
+    ISO-8601 time (a naive time is read as UTC). Returns epoch milliseconds."""
+    t = text.strip()
+    if t.isdigit():
+        return int(t)
+    if m := _RELATIVE.fullmatch(t):
+        return now_ms - int(float(m.group(1)) * _UNIT_MS[m.group(2)])
+    try:
+        when = datetime.fromisoformat(t)
+    except ValueError:
+        raise InvalidSinceError(
+            f"--since {text!r}: use epoch ms, an age like 15m / 2h / 3d, or an ISO time"
+        ) from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return int(when.timestamp() * 1000)
+
+
+def _match(raw: bytes | str | None, request_id: str, needle: bytes) -> DecisionRecord | None:
+    """Parse only values that mention the id (cheap substring test first)."""
+    if raw is None:
+        return None
+    data = raw.encode() if isinstance(raw, str) else raw
+    if needle not in data:
+        return None
+    rec = DecisionRecord.from_bytes(data)  # ValidationError for the caller to count
+    return rec if rec.request_id == request_id else None
+
+
+def read_decisions(
+    *,
+    bootstrap: str,
+    topic: str,
+    request_id: str,
+    since_ms: int | None = None,
+    timeout_s: float = 30.0,
+) -> ScanResult:
+    """Scan every partition of ``topic`` up to its end as of now; keep ``request_id``'s records."""
+    consumer = make_consumer(
+        bootstrap,
+        group_id=f"triage-audit-{uuid.uuid4().hex[:12]}",  # never commits: leaves no trace
+        **{"enable.partition.eof": True},
+    )
+    try:
+        return _scan(consumer, topic, request_id, since_ms, timeout_s)
+    except KafkaException as exc:
+        raise DecisionSourceError(f"reading {topic} from {bootstrap} failed: {exc}") from exc
+    finally:
+        consumer.close()
+
+
+def _scan(
+    consumer: Consumer, topic: str, request_id: str, since_ms: int | None, timeout_s: float
+) -> ScanResult:
+    deadline = time.monotonic() + timeout_s
+    md = consumer.list_topics(topic, timeout=max(1.0, timeout_s))
+    tmd = md.topics.get(topic)
+    if tmd is None or tmd.error is not None:
+        why = tmd.error.str() if tmd is not None and tmd.error is not None else "missing"
+        raise DecisionSourceError(f"decisions topic {topic} is not readable ({why})")
+    result = ScanResult(partitions=len(tmd.partitions))
+    starts = dict.fromkeys(tmd.partitions, OFFSET_BEGINNING)
+    if since_ms is not None:
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, p, since_ms) for p in tmd.partitions], timeout=timeout_s
+        )
+        starts = {tp.partition: tp.offset for tp in found if tp.offset >= 0}  # -1: none since
+    ends: dict[int, int] = {}
+    for p in list(starts):
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
+        begin = low if starts[p] == OFFSET_BEGINNING else max(low, starts[p])
+        if begin >= high:
+            del starts[p]  # nothing to read there
+        else:
+            ends[p] = high
+    if not starts:
+        return result
+    consumer.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
+    needle = request_id.encode()
+    open_parts = set(starts)
+    while open_parts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            result.complete = False
+            log.warning("scan of %s stopped at its %.0f s timeout", topic, timeout_s)
+            break
+        for msg in consumer.consume(num_messages=CONSUME_BATCH, timeout=min(1.0, left)):
+            part, offset = msg.partition() or 0, msg.offset() or 0
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    open_parts.discard(part)
+                    continue
+                raise KafkaException(err)
+            result.scanned += 1
+            if offset >= ends.get(part, 0) - 1:
+                open_parts.discard(part)  # reached the end as of the scan's start
+            if offset >= ends.get(part, 0):
+                continue  # written after the scan started: the next run will see it
+            try:
+                rec = _match(msg.value(), request_id, needle)
+            except ValidationError as exc:
+                result.unparseable += 1
+                log.warning("unparseable decision at %s[%s]@%s: %s", topic, part, offset, exc)
+                continue
+            if rec is not None:
+                result.records.append(rec)
+    return result
+
+
+def read_decisions_file(
+    path: str | Path, *, request_id: str, since_ms: int | None = None
+) -> ScanResult:
+    """The same from an export: JSON lines of DecisionRecord (``-`` reads stdin)."""
+    if str(path) == "-":
+        return _scan_lines(sys.stdin.buffer, "<stdin>", request_id, since_ms)
+    try:
+        with Path(path).open("rb") as stream:
+            return _scan_lines(stream, str(path), request_id, since_ms)
+    except OSError as exc:
+        raise DecisionSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+
+
+def _scan_lines(
+    stream: Iterable[bytes], name: str, request_id: str, since_ms: int | None
+) -> ScanResult:
+    result = ScanResult()
+    needle = request_id.encode()
+    for lineno, line in enumerate(stream, start=1):
+        if not line.strip():
+            continue
+        result.scanned += 1
+        try:
+            rec = _match(line, request_id, needle)
+        except ValidationError as exc:
+            result.unparseable += 1
+            log.warning("%s:%d: not a DecisionRecord: %s", name, lineno, exc)
+            continue
+        if rec is not None and (since_ms is None or rec.at_ms >= since_ms):
+            result.records.append(rec)
+    return result
