@@ -20,6 +20,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "linger.ms": 2,
     "compression.type": "lz4",
     "message.timeout.ms": 30_000,
+    # Java's (and aiokafka's) partitioner, so a key lands on the same partition whichever
+    # client wrote it: Faust tables rely on co-partitioning with our producers.
+    "partitioner": "murmur2_random",
 }
 
 CONSUMER_DEFAULTS: dict[str, Any] = {
