@@ -8,8 +8,8 @@ Dispatch order: an arrival may start at once only if the queue is empty or it
 outranks the queue's head; otherwise it waits its turn. A dispatch pass (after
 a completion, a heartbeat or on a tick) serves the queue in fairness order,
 looking past at most `lookahead` blocked tenants, and never past a head that
-has waited more than half its max wait (so big requests are not starved by
-small ones slipping by).
+has waited more than `backfill_s` (so big requests are not starved by small
+ones slipping by; a tightened head is the exception: it waits by design).
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ class PoolSettings:
         "gpu_timeout_s",
         "hysteresis",
         "kv_bytes_per_token",
-        "max_queue_wait_s",
         "max_concurrency",
+        "max_queue_wait_s",
         "model_floors",
         "name",
         "queue_max",
@@ -159,7 +159,7 @@ class Dispatcher:
                 p, R.SLA_INFEASIBLE, now, None, out,
                 predicted_s=idle, detail="even an idle GPU would miss the SLA",
             )
-        limit = self.settings.max_concurrency.get(p.tenant)
+        limit = self.settings.max_concurrency.get(p.tenant) if flags.quota else None
         if limit is not None and self.tenant_running.get(p.tenant, 0) >= limit:
             reason = R.TENANT_CONCURRENCY
         elif self._may_jump(p):
@@ -470,8 +470,8 @@ class Dispatcher:
             return
         aside = []
         skipped = 0
-        limits = self.settings.max_concurrency
-        half_wait = self.settings.max_queue_wait_s
+        limits = self.settings.max_concurrency if self.flags.quota else {}
+        backfill = self.flags.backfill_s
         try:
             while True:
                 head = q.head()
@@ -493,7 +493,7 @@ class Dispatcher:
                     continue
                 # blocked: look past it, unless it has waited long (no starvation)
                 skipped += 1
-                aged = now - p.enqueued_at > 0.5 * half_wait.get(p.tenant, 2.0)
+                aged = now - p.enqueued_at > backfill and reason is not R.TIGHTENED
                 if aged or skipped >= self.flags.lookahead or not self.flags.fairness:
                     break
                 entry = q.set_aside()

@@ -25,8 +25,8 @@ class FairShare:
         "recent",
         "recent_total",
         "recent_updated",
-        "service",
         "served_tokens",
+        "service",
         "virtual_time",
         "weights",
     )

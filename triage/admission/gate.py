@@ -11,7 +11,7 @@ from triage.admission.decision import Decision
 from triage.admission.pending import Pending
 from triage.admission.policy import PolicyFlags
 from triage.admission.predictor import WorkloadPredictor
-from triage.admission.quota import OfferedLoad, TokenBucket
+from triage.admission.quota import EPSILON, OfferedLoad, TokenBucket
 from triage.config.models import TenantConfig
 from triage.topics.reasons import Outcome, ReasonCode
 
@@ -64,7 +64,9 @@ class Gate:
         bucket = tq.bucket
         bucket.refill(now)
         borrowing = flags.borrowing and not tightened and bucket.max_debt > 0.0
-        tokens_ok = bucket.level - cost >= (-bucket.max_debt if borrowing else 0.0)
+        tokens_ok = bucket.level - cost >= (
+            (-bucket.max_debt if borrowing else 0.0) - EPSILON * (1.0 + cost)
+        )
         rl = tq.requests
         if rl is None:
             if tokens_ok:
@@ -73,7 +75,7 @@ class Gate:
             rate_ok = True
         else:
             rl.refill(now)
-            rate_ok = rl.level >= 1.0
+            rate_ok = rl.level >= 1.0 - EPSILON
             if tokens_ok and rate_ok:
                 bucket.level -= cost
                 rl.level -= 1.0
@@ -82,17 +84,25 @@ class Gate:
             p.overage = True
             p.cls = 1
             return None
+        # Never fits: not even with the tenant's full borrowing. While a tightened pool
+        # suspends borrowing, the hint is the wait without it when that exists, else the
+        # wait once borrowing returns.
+        can_borrow = flags.borrowing and bucket.max_debt > 0.0
         wait = bucket.wait_s(cost, borrowing)
         if wait is None:
+            wait = bucket.wait_s(cost, can_borrow)
+        if wait is None:
             return self._refuse(
-                p, ReasonCode.QUOTA_NEVER_FITS, now, None, bucket, borrowing,
+                p, ReasonCode.QUOTA_NEVER_FITS, now, None, bucket, can_borrow,
                 detail=f"costs {cost:.0f} tokens; the bucket never holds more than "
-                f"{bucket.burst + (bucket.max_debt if borrowing else 0.0):.0f}",
+                f"{bucket.burst + (bucket.max_debt if can_borrow else 0.0):.0f}",
             )
         if rl is not None:
             rate_wait = rl.wait_s(1.0, False) or 0.0
             wait = wait if wait > rate_wait else rate_wait
-        reason = ReasonCode.TENANT_QUOTA_EXCEEDED if not tokens_ok else ReasonCode.TENANT_RATE_LIMITED
+        reason = (
+            ReasonCode.TENANT_QUOTA_EXCEEDED if not tokens_ok else ReasonCode.TENANT_RATE_LIMITED
+        )
         return self._refuse(p, reason, now, wait, bucket, borrowing)
 
     def _refuse(

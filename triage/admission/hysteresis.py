@@ -56,10 +56,9 @@ class HysteresisMonitor:
             return None
         s = self.settings
         self.utilization = utilization
-        self._above_since = (self._above_since if self._above_since is not None else now) if utilization > s.high else None
-        hot = utilization > s.high + s.autoscale_margin
-        self._hot_since = (self._hot_since if self._hot_since is not None else now) if hot else None
-        self._below_since = (self._below_since if self._below_since is not None else now) if utilization < s.low else None
+        self._above_since = _since(self._above_since, utilization > s.high, now)
+        self._hot_since = _since(self._hot_since, utilization > s.high + s.autoscale_margin, now)
+        self._below_since = _since(self._below_since, utilization < s.low, now)
         if now - self.last_flip < s.hold_s:
             return None
         flip: str | None = None
@@ -85,3 +84,10 @@ class HysteresisMonitor:
             if len(self.flips) > 1000:
                 del self.flips[:500]
         return flip
+
+
+def _since(start: float | None, holds: bool, now: float) -> float | None:
+    """When a condition started holding (kept while it holds, None once it stops)."""
+    if not holds:
+        return None
+    return now if start is None else start

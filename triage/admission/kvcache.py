@@ -115,7 +115,9 @@ class GpuSlot:
         tud[tenant] = tu + delta
         tf = self.tenant_floor.get(tenant)
         if tf:
-            self.tenant_committed += (tu + delta if tu + delta > tf else tf) - (tu if tu > tf else tf)
+            self.tenant_committed += (
+                (tu + delta if tu + delta > tf else tf) - (tu if tu > tf else tf)
+            )
         else:
             self.tenant_committed += delta
         self.version += 1

@@ -28,34 +28,35 @@ class PolicyFlags:
     variance_buffer: float | None  # fixed buffer; None: the predictor's adaptive buffer
     preempt_sla_factor: float  # preempt only if queued slack < factor x runner remaining
     lookahead: int  # tenants a dispatch pass may try past a blocked one
+    backfill_s: float  # a blocked head may be passed only while it has waited less than this
     fair_share_tolerance: float  # tightened pools hold back tenants above this share
 
 
 _PRESETS: dict[PolicyPreset, dict[str, bool]] = {
-    PolicyPreset.FULL: dict(
-        quota=True, borrowing=True, memory_fit=True, sla_fit=True, queue=True,
-        fairness=True, preemption=True, hysteresis=True,
-    ),
+    PolicyPreset.FULL: {
+        "quota": True, "borrowing": True, "memory_fit": True, "sla_fit": True, "queue": True,
+        "fairness": True, "preemption": True, "hysteresis": True,
+    },
     # An engine with no front door: everything goes straight to a GPU.
-    PolicyPreset.ADMIT_ALL: dict(
-        quota=False, borrowing=False, memory_fit=False, sla_fit=False, queue=False,
-        fairness=False, preemption=False, hysteresis=False,
-    ),
+    PolicyPreset.ADMIT_ALL: {
+        "quota": False, "borrowing": False, "memory_fit": False, "sla_fit": False, "queue": False,
+        "fairness": False, "preemption": False, "hysteresis": False,
+    },
     # Admission checks, but whatever would wait is refused.
-    PolicyPreset.REJECT_ONLY: dict(
-        quota=True, borrowing=True, memory_fit=True, sla_fit=True, queue=False,
-        fairness=False, preemption=False, hysteresis=False,
-    ),
+    PolicyPreset.REJECT_ONLY: {
+        "quota": True, "borrowing": True, "memory_fit": True, "sla_fit": True, "queue": False,
+        "fairness": False, "preemption": False, "hysteresis": False,
+    },
     # Tenant quota and nothing else: what passes goes straight to a GPU.
-    PolicyPreset.RATE_LIMIT_ONLY: dict(
-        quota=True, borrowing=True, memory_fit=False, sla_fit=False, queue=False,
-        fairness=False, preemption=False, hysteresis=False,
-    ),
+    PolicyPreset.RATE_LIMIT_ONLY: {
+        "quota": True, "borrowing": True, "memory_fit": False, "sla_fit": False, "queue": False,
+        "fairness": False, "preemption": False, "hysteresis": False,
+    },
     # KV fit plus a bounded FIFO queue with timeouts; no quota, no SLA, no fairness.
-    PolicyPreset.BOUNDED_QUEUE: dict(
-        quota=False, borrowing=False, memory_fit=True, sla_fit=False, queue=True,
-        fairness=False, preemption=False, hysteresis=False,
-    ),
+    PolicyPreset.BOUNDED_QUEUE: {
+        "quota": False, "borrowing": False, "memory_fit": True, "sla_fit": False, "queue": True,
+        "fairness": False, "preemption": False, "hysteresis": False,
+    },
 }
 
 
@@ -67,11 +68,14 @@ def resolve_policy(cfg: PolicyConfig) -> PolicyFlags:
         if value is not None:
             flags[name] = bool(value)
     return PolicyFlags(
-        name=cfg.name if cfg.name != "full" or cfg.preset is PolicyPreset.FULL else cfg.preset.value,
+        # an unnamed baseline is called by its preset
+        name=cfg.preset.value if cfg.name == "full" and cfg.preset is not PolicyPreset.FULL
+        else cfg.name,
         version=cfg.version,
         variance_buffer=cfg.variance_buffer,
         preempt_sla_factor=cfg.preempt_sla_factor,
         lookahead=cfg.lookahead,
+        backfill_s=cfg.backfill_s,
         fair_share_tolerance=cfg.fair_share_tolerance,
         **flags,
     )

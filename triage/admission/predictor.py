@@ -16,6 +16,7 @@ import math
 from bisect import insort
 
 PRIOR_WEIGHT = 20.0  # pseudo-observations behind each prior
+_SUMS = ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny")  # a CostModel's learned state
 
 
 class CostModel:
@@ -102,10 +103,10 @@ class CostModel:
         self._refit()
 
     def snapshot(self) -> dict[str, float]:
-        return {k: float(getattr(self, k)) for k in ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny", "observations")}
+        return {k: float(getattr(self, k)) for k in (*_SUMS, "observations")}
 
     def restore(self, state: dict[str, float]) -> None:
-        for k in ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny"):
+        for k in _SUMS:
             setattr(self, k, float(state[k]))
         self.observations = int(state.get("observations", 0))
         self._refit()
@@ -136,7 +137,7 @@ class VarianceBuffer:
     """The factor the core multiplies predictions by: the (1 - target miss rate) quantile
     of actual/predicted over a sliding window; `initial` until enough samples."""
 
-    __slots__ = ("_ring", "_sorted", "_i", "initial", "min_samples", "q", "value", "window")
+    __slots__ = ("_i", "_ring", "_sorted", "initial", "min_samples", "q", "value", "window")
 
     def __init__(
         self, *, initial: float, target_miss_rate: float, window: int, min_samples: int,
@@ -168,7 +169,7 @@ class VarianceBuffer:
         insort(self._sorted, r)
         n = len(self._sorted)
         if n >= self.min_samples:
-            k = min(n - 1, int(math.ceil(self.q * n)) - 1)
+            k = min(n - 1, math.ceil(self.q * n) - 1)
             v = self._sorted[max(0, k)]
             self.value = 1.0 if v < 1.0 else (10.0 if v > 10.0 else v)
 
@@ -183,7 +184,16 @@ class VarianceBuffer:
 class WorkloadPredictor:
     """Every learned quantity the core predicts with, created lazily from the priors."""
 
-    __slots__ = ("_costs", "_ratios", "_tenant_priors", "buffer", "fixed_buffer", "gpu_speed", "half_life", "model_priors")
+    __slots__ = (
+        "_costs",
+        "_ratios",
+        "_tenant_priors",
+        "buffer",
+        "fixed_buffer",
+        "gpu_speed",
+        "half_life",
+        "model_priors",
+    )
 
     def __init__(
         self,

@@ -21,9 +21,9 @@ class PoolQueue:
 
     __slots__ = (
         "_expiry",
-        "_lanes",
         "_lane_heap",
         "_lane_ver",
+        "_lanes",
         "fifo",
         "max_size",
         "members",

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import math
 
+EPSILON = 1e-9  # relative slack, so a client returning exactly at the hint is admitted
+
 
 class TokenBucket:
     """A token bucket that may borrow against future refill up to a debt ceiling."""
@@ -41,7 +43,7 @@ class TokenBucket:
 
     def admits(self, cost: float, borrowing: bool) -> bool:
         """Check without consuming (call refill first)."""
-        return self.level - cost >= (-self.max_debt if borrowing else 0.0)
+        return self.level - cost >= (-self.max_debt if borrowing else 0.0) - EPSILON * (1.0 + cost)
 
     def take(self, cost: float) -> None:
         self.level -= cost

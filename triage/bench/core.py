@@ -55,7 +55,9 @@ def run(
     i = 0
     while len(d.queue) < queue:
         now += 0.001
-        core.submit(f"w{i}", rng.choice(names), "m", rng.randint(200, 2000), rng.randint(50, 800), now)
+        core.submit(
+            f"w{i}", rng.choice(names), "m", rng.randint(200, 2000), rng.randint(50, 800), now
+        )
         i += 1
     lat: list[float] = []
     perf = time.perf_counter_ns

@@ -185,6 +185,11 @@ class PolicyConfig(StrictModel):
     lookahead: Annotated[int, Field(ge=1, le=1000)] = Field(
         8, description="Tenants a dispatch pass may try past a blocked head before it stops."
     )
+    backfill_s: NonNegFloat = Field(
+        0.5,
+        description="How long smaller requests may start past a blocked queue head; after "
+        "that the head holds its place (no starvation of large requests).",
+    )
     gpu_timeout_s: PositiveFloat = Field(
         10.0, description="A GPU whose heartbeats stop this long is taken out of the pool."
     )

@@ -1,0 +1,71 @@
+"""Check 5: online workload prediction and the variance buffer."""
+
+from __future__ import annotations
+
+import math
+import random
+
+from triage.admission.predictor import CostModel, OutputRatio, VarianceBuffer
+
+
+def test_priors_predict_before_any_completion() -> None:
+    cm = CostModel(prefill_s_per_token=1e-4, decode_s_per_token=0.01, batch_slowdown=0.1,
+                   half_life=100)
+    assert math.isclose(cm.predict(1000, 100, 1.0), 0.1 + 1.0)
+    assert math.isclose(cm.predict(0, 100, 11.0), 100 * 0.01 * 2.0)
+
+
+def test_fit_learns_the_true_timing_model() -> None:
+    cm = CostModel(prefill_s_per_token=1e-3, decode_s_per_token=0.05, batch_slowdown=0.0,
+                   half_life=200)
+    rng = random.Random(3)
+    for _ in range(3000):
+        prompt = rng.randint(100, 4000)
+        out = rng.randint(10, 500)
+        n = rng.randint(1, 32)
+        per_token = 0.008 * (1 + 0.03 * (n - 1))
+        cm.observe(prompt_tokens=prompt, prefill_s=prompt * 2e-5, output_tokens=out,
+                   decode_s=out * per_token, concurrency=n)
+    b0, b1 = cm.decode_coefficients()
+    assert math.isclose(cm.prefill_s_per_token, 2e-5, rel_tol=0.02)
+    assert math.isclose(b0, 0.008, rel_tol=0.05)
+    assert math.isclose(b1, 0.008 * 0.03, rel_tol=0.1)
+
+
+def test_output_ratio_is_learned_not_fixed() -> None:
+    r = OutputRatio(prior=0.7, half_life=50)
+    for _ in range(500):
+        r.observe(30, 100)
+    assert math.isclose(r.value, 0.3, rel_tol=0.02)
+
+
+def test_variance_buffer_starts_at_prior_then_follows_the_error_quantile() -> None:
+    vb = VarianceBuffer(initial=1.3, target_miss_rate=0.1, window=200, min_samples=50)
+    assert vb.value == 1.3
+    for _i in range(49):
+        vb.observe(1.0, 1.0)
+    assert vb.value == 1.3
+    rng = random.Random(0)
+    ratios = [rng.uniform(0.5, 2.0) for _ in range(200)]
+    for r in ratios:
+        vb.observe(r, 1.0)
+    expected = sorted(ratios)[math.ceil(0.9 * 200) - 1]
+    assert math.isclose(vb.value, expected)
+    # the quantile meets the target miss rate on its own window
+    misses = sum(1 for r in ratios if r > vb.value)
+    assert misses <= 0.1 * len(ratios)
+
+
+def test_buffer_never_below_one() -> None:
+    vb = VarianceBuffer(initial=1.3, target_miss_rate=0.05, window=50, min_samples=10)
+    for _ in range(100):
+        vb.observe(0.5, 1.0)
+    assert vb.value == 1.0
+
+
+def test_fixed_buffer_does_not_adapt() -> None:
+    vb = VarianceBuffer(initial=1.0, target_miss_rate=0.05, window=50, min_samples=10,
+                        adaptive=False)
+    for _ in range(200):
+        vb.observe(3.0, 1.0)
+    assert vb.value == 1.0
