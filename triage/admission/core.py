@@ -14,7 +14,7 @@ from triage.admission.hysteresis import HysteresisSettings
 from triage.admission.pending import Pending
 from triage.admission.policy import PolicyFlags, resolve_policy
 from triage.admission.predictor import WorkloadPredictor
-from triage.config.models import GIB, PolicyConfig, TriageConfig
+from triage.config.models import GIB, PolicyConfig, TenantConfig, TriageConfig
 
 
 def build_predictor(config: TriageConfig, flags: PolicyFlags) -> WorkloadPredictor:
@@ -136,6 +136,23 @@ class AdmissionCore:
             prefill_s=prefill_s, decode_s=decode_s, concurrency=concurrency, now=now,
             preempted=preempted, error=error,
         )
+
+    def add_tenant(self, tenant: TenantConfig) -> None:
+        """A tenant added to the configuration while running (its reserved KV share, if
+        any, takes effect at the next restart)."""
+        self.gate.add_tenant(tenant)
+        self._sla_s[tenant.name] = tenant.sla_ms / 1000.0
+        for d in self.dispatchers.values():
+            s = d.settings
+            s.weights[tenant.name] = tenant.weight
+            s.tenant_queue_max[tenant.name] = tenant.queue_max
+            s.max_queue_wait_s[tenant.name] = tenant.max_queue_wait_ms / 1000.0
+            if tenant.max_concurrency is not None:
+                s.max_concurrency[tenant.name] = tenant.max_concurrency
+            d.queue.tenant_limits[tenant.name] = tenant.queue_max
+
+    def live(self, request_id: str) -> bool:
+        return any(d.knows(request_id) for d in self.dispatchers.values())
 
     def tick(self, now: float) -> list[Decision]:
         out: list[Decision] = []

@@ -142,6 +142,37 @@ class Dispatcher:
         self._largest_fits.clear()
         return slot
 
+    # --- recovery -------------------------------------------------------------------
+    def restore_running(self, p: Pending, gpu_id: str) -> bool:
+        """Re-enter a request that was running on `gpu_id` before a restart (its
+        reservation, fairness and runner entries are rebuilt). False if that GPU is gone."""
+        slot = self.ledger.by_id.get(gpu_id)
+        if slot is None:
+            return False
+        p.kv_bytes = (p.prompt_tokens + p.max_tokens) * self.settings.kv_bytes_per_token[p.model]
+        self._seq += 1
+        p.seq = self._seq
+        p.gpu = slot
+        self.ledger.reserve(slot, p.model, p.tenant, p.kv_bytes)
+        self.inflight[p.request_id] = p
+        self.tenant_running[p.tenant] = self.tenant_running.get(p.tenant, 0) + 1
+        self.fair.join(p.tenant)
+        if self.flags.preemption:
+            self.runners.push(p)
+        return True
+
+    def restore_queued(self, p: Pending) -> None:
+        """Re-enter a request that was waiting before a restart, keeping its expiry."""
+        p.kv_bytes = (p.prompt_tokens + p.max_tokens) * self.settings.kv_bytes_per_token[p.model]
+        self._seq += 1
+        p.seq = self._seq
+        self.fair.join(p.tenant)
+        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
+
+    def knows(self, request_id: str) -> bool:
+        """Is the request live here (queued or running)?"""
+        return request_id in self.inflight or request_id in self.queue.members
+
     # --- arrivals -------------------------------------------------------------------
     def admit(self, p: Pending, now: float) -> list[Decision]:
         """A request that passed the gate. The first decision returned is about it."""

@@ -119,3 +119,7 @@ class Gate:
 
     def bucket(self, tenant: str) -> TokenBucket:
         return self.quotas[tenant].bucket
+
+    def add_tenant(self, cfg: TenantConfig) -> None:
+        if cfg.name not in self.quotas:
+            self.quotas[cfg.name] = TenantQuota(cfg)

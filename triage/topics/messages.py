@@ -201,6 +201,8 @@ class Completion(Message):
     started_at_ms: EpochMs
     finished_at_ms: EpochMs
     error: str | None = None
+    text: str | None = Field(None, description="Generated text (real backends); forwarded "
+                             "to the tenant in the terminal reply by the dispatcher.")
 
 
 class GpuState(StrEnum):
@@ -263,6 +265,9 @@ class ScaleSignal(Message):
     at_ms: EpochMs
 
 
+DeadLetterStage = Literal["gate", "dispatcher", "worker", "completions", "status"]
+
+
 class DeadLetter(Message):
     """Input that could not be parsed, kept with the reason (topic triage.deadletter)."""
 
@@ -272,8 +277,65 @@ class DeadLetter(Message):
     key: str | None = None
     value_b64: str
     error: str
-    stage: Literal["gate", "dispatcher", "worker", "completions", "status"] = "gate"
+    stage: DeadLetterStage = "gate"
     at_ms: EpochMs
+
+
+class Tick(Message):
+    """The admission app's clock tick (topic triage.admission). Ticks travel through Kafka
+    so the dispatcher handles them as events, in order with everything else, and may
+    write its RocksDB tables (which Faust allows only inside an event)."""
+
+    kind: Literal["tick"] = "tick"
+    at_ms: EpochMs
+
+
+class LiveState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+
+
+class LiveRequest(Message):
+    """The admission app's record of one request (table `requests`, keyed by request_id):
+    enough to rebuild the core's queue and ledger after a restart, and to answer a
+    redelivered request with its recorded reply. Times are epoch seconds (floats, exact)."""
+
+    request_id: RequestId
+    tenant: TenantName
+    model: ModelName
+    pool: PoolName
+    state: LiveState
+    prompt_tokens: PositiveTokens
+    max_tokens: PositiveTokens
+    arrived: float
+    sla_s: float
+    expected_out: float
+    expected_tokens: float
+    cls: int = 0
+    overage: bool = False
+    pressure: float = 0.0
+    attempt: int = 0
+    recompute_tokens: int = 0
+    enqueued_at: float = -1.0
+    expires_at: float = 0.0
+    timeout_reason: int = 0
+    idle_s: float = 0.0
+    dispatched_at: float = 0.0
+    predicted_raw_s: float = 0.0
+    predicted_s: float = 0.0
+    gpu_id: GpuId | None = None
+    prompt: str | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    last_reply: Reply | None = None  # what the tenant was last told (resent on redelivery)
+    updated: float = 0.0
+
+
+class BucketState(Message):
+    """A tenant's token bucket (table `buckets`, keyed by tenant)."""
+
+    level: float
+    updated: float
 
 
 ALL_MESSAGES: dict[str, type[Message]] = {
@@ -289,6 +351,9 @@ ALL_MESSAGES: dict[str, type[Message]] = {
         ControlMessage,
         ScaleSignal,
         DeadLetter,
+        LiveRequest,
+        BucketState,
+        Tick,
     )
 }
 

@@ -1,0 +1,159 @@
+"""Translations between the core's objects and the wire's messages. Pure functions."""
+
+from __future__ import annotations
+
+import math
+
+from triage.admission.decision import Decision, ScaleEvent
+from triage.admission.pending import Pending
+from triage.topics.messages import (
+    ControlKind,
+    ControlMessage,
+    DecisionInputs,
+    DecisionRecord,
+    LiveRequest,
+    LiveState,
+    Reply,
+    ScaleDirection,
+    ScaleSignal,
+    WorkItem,
+)
+from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
+
+_STATUS = {
+    Outcome.ACCEPT: ReplyStatus.ACCEPTED,
+    Outcome.QUEUE: ReplyStatus.QUEUED,
+    Outcome.REJECT: ReplyStatus.REJECTED,
+    Outcome.TIMEOUT: ReplyStatus.TIMED_OUT,
+    Outcome.PREEMPT: ReplyStatus.PREEMPTED,
+    Outcome.INVALID: ReplyStatus.INVALID,
+}
+
+
+def ms(seconds: float) -> int:
+    """Epoch seconds -> epoch milliseconds (wire time)."""
+    return int(seconds * 1000.0)
+
+
+def retry_ms(seconds: float | None) -> int | None:
+    """A retry hint on the wire: whole milliseconds, rounded up so a client that waits
+    exactly the hint is not early."""
+    return None if seconds is None else max(0, math.ceil(seconds * 1000.0))
+
+
+def _num(x: float | None) -> float | None:
+    return None if x is None or not math.isfinite(x) else x
+
+
+def decision_record(d: Decision) -> DecisionRecord:
+    """The audit log's line for a decision."""
+    return DecisionRecord(
+        request_id=d.request_id, tenant=d.tenant, model=d.model, pool=d.pool,
+        outcome=d.outcome, reason=d.reason, gpu_id=d.gpu_id, predicted_s=_num(d.predicted_s),
+        queue_wait_ms=None if d.queue_wait_s is None else d.queue_wait_s * 1000.0,
+        retry_after_ms=retry_ms(d.retry_after_s), policy=d.policy,
+        policy_version=d.policy_version, at_ms=ms(d.at),
+        inputs=DecisionInputs(
+            request_tokens=_num(d.request_tokens), bucket_level=_num(d.bucket_level),
+            bucket_burst=_num(d.bucket_burst), bucket_debt_ceiling=_num(d.bucket_debt_ceiling),
+            kv_bytes_needed=d.kv_bytes_needed, kv_bytes_available=d.kv_bytes_available,
+            predicted_s=_num(d.predicted_s), variance_buffer=_num(d.variance_buffer),
+            sla_s=_num(d.sla_s), slack_s=_num(d.slack_s), queue_position=d.queue_position,
+            queue_depth=d.queue_depth, tenant_service=_num(d.tenant_service),
+            overage=d.overage, utilization=_num(d.utilization), tightened=d.tightened,
+            recompute_tokens=d.recompute_tokens, detail=d.detail,
+        ),
+    )
+
+
+def reply_for(d: Decision, *, text: str | None = None) -> Reply:
+    """What the tenant is told about a decision."""
+    if d.outcome is Outcome.COMPLETE:
+        status = ReplyStatus.COMPLETED if d.reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
+        return Reply(
+            request_id=d.request_id, tenant=d.tenant, status=status, reason=d.reason,
+            detail=d.detail, gpu_id=d.gpu_id,
+            latency_ms=None if d.latency_s is None else max(0.0, d.latency_s * 1000.0),
+            output_tokens=d.output_tokens, text=text, at_ms=ms(d.at),
+        )
+    return Reply(
+        request_id=d.request_id, tenant=d.tenant, status=_STATUS[d.outcome], reason=d.reason,
+        detail=d.detail, retry_after_ms=retry_ms(d.retry_after_s),
+        gpu_id=d.gpu_id if d.outcome is Outcome.ACCEPT else None,
+        queue_position=d.queue_position if d.outcome is Outcome.QUEUE else None,
+        at_ms=ms(d.at),
+    )
+
+
+def work_item(d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str]) -> WorkItem:
+    """What the GPU's worker runs for an ACCEPT decision."""
+    assert d.gpu_id is not None
+    return WorkItem(
+        request_id=p.request_id, attempt=p.attempt, tenant=p.tenant, model=p.model,
+        pool=p.pool, gpu_id=d.gpu_id, prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens,
+        prompt=prompt, reserved_kv_bytes=p.kv_bytes, predicted_s=max(0.0, p.predicted_s),
+        dispatched_at_ms=ms(d.at), deadline_ms=ms(p.deadline), arrived_at_ms=ms(p.arrived),
+        metadata=metadata,
+    )
+
+
+def control_for(d: Decision) -> ControlMessage | None:
+    """Stop an attempt on its GPU: a preemption, or a newer attempt made redundant."""
+    if d.gpu_id is None:
+        return None
+    if d.outcome is Outcome.PREEMPT:
+        return ControlMessage(kind=ControlKind.PREEMPT, request_id=d.request_id,
+                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
+    if d.outcome is Outcome.COMPLETE and d.detail and "cancelled" in d.detail:
+        return ControlMessage(kind=ControlKind.CANCEL, request_id=d.request_id,
+                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
+    return None
+
+
+def scale_signal(e: ScaleEvent) -> ScaleSignal:
+    return ScaleSignal(
+        pool=e.pool, direction=ScaleDirection.UP if e.autoscale else ScaleDirection.STEADY,
+        tightened=e.tightened, utilization=min(1.0, max(0.0, e.utilization)), gpus=e.gpus,
+        reason=e.reason, at_ms=ms(e.at),
+    )
+
+
+def live_record(
+    p: Pending, state: LiveState, *, prompt: str | None, metadata: dict[str, str],
+    last_reply: Reply | None, now: float,
+) -> LiveRequest:
+    """The table record of a live (or just finished) request."""
+    gpu = p.gpu
+    return LiveRequest(
+        request_id=p.request_id, tenant=p.tenant, model=p.model, pool=p.pool, state=state,
+        prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, arrived=p.arrived,
+        sla_s=p.sla_s, expected_out=p.expected_out, expected_tokens=p.expected_tokens,
+        cls=p.cls, overage=p.overage, pressure=p.pressure, attempt=p.attempt,
+        recompute_tokens=p.recompute_tokens, enqueued_at=p.enqueued_at,
+        expires_at=p.expires_at, timeout_reason=p.timeout_reason, idle_s=p.idle_s,
+        dispatched_at=p.dispatched_at, predicted_raw_s=p.predicted_raw_s,
+        predicted_s=p.predicted_s, gpu_id=getattr(gpu, "gpu_id", None) if gpu else None,
+        prompt=prompt, metadata=metadata, last_reply=last_reply, updated=now,
+    )
+
+
+def pending_from(rec: LiveRequest) -> Pending:
+    """Rebuild the core's object from a table record."""
+    p = Pending(rec.request_id, rec.tenant, rec.model, rec.pool, rec.prompt_tokens,
+                rec.max_tokens, rec.arrived, rec.sla_s)
+    p.expected_out = rec.expected_out
+    p.expected_tokens = rec.expected_tokens
+    p.cls = rec.cls
+    p.overage = rec.overage
+    p.pressure = rec.pressure
+    p.attempt = rec.attempt
+    p.recompute_tokens = rec.recompute_tokens
+    p.enqueued_at = rec.enqueued_at
+    p.expires_at = rec.expires_at
+    p.timeout_reason = rec.timeout_reason
+    p.idle_s = rec.idle_s
+    p.dispatched_at = rec.dispatched_at
+    p.predicted_raw_s = rec.predicted_raw_s
+    p.predicted_s = rec.predicted_s
+    p.predicted_end = rec.dispatched_at + rec.predicted_s
+    return p

@@ -1,0 +1,96 @@
+"""Prometheus metrics of the admission app, per tenant and per model.
+
+Names are the contract with ops/grafana/dashboards/triage.json and docs/operations.md.
+Each AdmissionMetrics owns its registry, so tests can build several side by side.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
+DECISION_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2)
+DEPTH_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000)
+ERROR_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
+
+
+class AdmissionMetrics:
+    """Every series the admission app exports."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.admissions = Counter(
+            "triage_admissions", "Decisions by outcome and reason.",
+            ["tenant", "model", "outcome", "reason"], registry=r)
+        self.requests = Counter(
+            "triage_requests", "Requests read from tenants' topics (valid or not).",
+            ["tenant"], registry=r)
+        self.invalid = Counter(
+            "triage_invalid_requests", "Requests answered `invalid` or dead-lettered.",
+            ["tenant", "reason"], registry=r)
+        self.duplicates = Counter(
+            "triage_duplicate_requests", "Redelivered request ids answered from the record.",
+            ["tenant"], registry=r)
+        self.queue_depth = Gauge(
+            "triage_queue_depth", "Requests waiting, per pool.", ["pool"], registry=r)
+        self.tenant_queue_depth = Gauge(
+            "triage_tenant_queue_depth", "Requests waiting, per tenant.", ["tenant"], registry=r)
+        self.queue_depth_hist = Histogram(
+            "triage_queue_depth_observed", "Queue depth sampled every tick.", ["pool"],
+            buckets=DEPTH_BUCKETS, registry=r)
+        self.queue_wait = Histogram(
+            "triage_queue_wait_seconds", "Time spent queued, at dispatch or timeout.",
+            ["tenant", "model"], buckets=WAIT_BUCKETS, registry=r)
+        self.queue_timeouts = Counter(
+            "triage_queue_timeouts", "Queued requests that left without running.",
+            ["tenant", "model", "reason"], registry=r)
+        self.latency = Histogram(
+            "triage_request_latency_seconds", "Arrival to completion.", ["tenant", "model"],
+            buckets=LATENCY_BUCKETS, registry=r)
+        self.sla_violations = Counter(
+            "triage_sla_violations", "Requests that missed their SLA, by cause.",
+            ["tenant", "model", "cause"], registry=r)
+        self.preemptions = Counter(
+            "triage_preemptions", "Running requests preempted.", ["tenant", "model"],
+            registry=r)
+        self.preemption_rate = Gauge(
+            "triage_preemption_rate", "Preemptions per dispatch, per pool.", ["pool"],
+            registry=r)
+        self.recompute_tokens = Counter(
+            "triage_recompute_tokens", "Tokens prefilled again after preemption.",
+            ["tenant", "model"], registry=r)
+        self.predictor_error = Histogram(
+            "triage_predictor_relative_error", "Actual / predicted execution time.",
+            ["model"], buckets=ERROR_BUCKETS, registry=r)
+        self.variance_buffer = Gauge(
+            "triage_variance_buffer", "Factor applied to predictions.", registry=r)
+        self.decision_latency = Histogram(
+            "triage_decision_latency_seconds", "Time in the core per event.",
+            ["event"], buckets=DECISION_BUCKETS, registry=r)
+        self.gpu_utilization = Gauge(
+            "triage_gpu_utilization", "Compute utilization reported by the worker.",
+            ["pool", "gpu"], registry=r)
+        self.kv_reserved = Gauge(
+            "triage_kv_reserved_bytes", "KV bytes reserved on the ledger.", ["pool", "gpu"],
+            registry=r)
+        self.kv_budget = Gauge(
+            "triage_kv_budget_bytes", "KV budget of the GPU.", ["pool", "gpu"], registry=r)
+        self.pool_utilization = Gauge(
+            "triage_pool_utilization", "Utilization seen by the hysteresis monitor.", ["pool"],
+            registry=r)
+        self.tightened = Gauge(
+            "triage_admission_tightened", "1 while the pool is above its high threshold.",
+            ["pool"], registry=r)
+        self.autoscale = Gauge(
+            "triage_autoscale_signal", "1 while an autoscale-up signal stands.", ["pool"],
+            registry=r)
+        self.bucket_level = Gauge(
+            "triage_bucket_tokens", "Token bucket level (negative: debt).", ["tenant"],
+            registry=r)
+        self.gpus_up = Gauge("triage_gpus_up", "GPUs taking work, per pool.", ["pool"], registry=r)
+
+    def serve(self, host: str, port: int) -> None:
+        """Expose /metrics over HTTP (port 0 disables)."""
+        if port:
+            start_http_server(port, addr=host, registry=self.registry)

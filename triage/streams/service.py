@@ -1,0 +1,407 @@
+"""The admission service: Kafka events in, core calls, outputs and state writes out.
+
+No Faust here: the Faust app (app.py) feeds these handlers from its agents and
+timer, with an Outbox for outputs and a StateStore over its RocksDB tables. Unit
+tests feed the same handlers with a list outbox and a dict store. No policy here
+either: every decision is the core's.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import time
+from collections import deque
+from typing import Any
+
+from triage.admission.core import AdmissionCore
+from triage.admission.decision import Decision
+from triage.admission.pending import Pending
+from triage.config.models import TenantConfig, TriageConfig
+from triage.streams import codec
+from triage.streams.metrics import AdmissionMetrics
+from triage.streams.outbox import Outbox
+from triage.streams.store import StateStore
+from triage.topics.messages import (
+    BucketState,
+    Completion,
+    CompletionStatus,
+    DeadLetter,
+    DeadLetterStage,
+    DecisionInputs,
+    DecisionRecord,
+    GpuState,
+    GpuStatus,
+    LiveState,
+    Reply,
+)
+from triage.topics.names import TopicNames
+from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
+from triage.topics.validation import Invalid, Unparseable, check_request, parse_request
+
+log = logging.getLogger(__name__)
+
+LEARNED_KEY = "predictor"
+LEARNED_EVERY_S = 10.0
+MEMORY_REASONS = frozenset({
+    ReasonCode.GPU_MEMORY_INSUFFICIENT, ReasonCode.RESERVATION_FLOOR, ReasonCode.NO_CAPACITY,
+    ReasonCode.TIGHTENED,
+})
+_LIVE_STATE = {Outcome.ACCEPT: LiveState.RUNNING, Outcome.QUEUE: LiveState.QUEUED,
+               Outcome.PREEMPT: LiveState.QUEUED}
+
+
+class _Side:
+    """What the shell keeps about a live request beside the core's Pending."""
+
+    __slots__ = ("metadata", "prompt", "queued_for")
+
+    def __init__(self, prompt: str | None, metadata: dict[str, str]) -> None:
+        self.prompt = prompt
+        self.metadata = metadata
+        self.queued_for: ReasonCode | None = None  # first reason it waited (SLA causes)
+
+
+class AdmissionService:
+    """Handlers for every input of the admission app."""
+
+    def __init__(
+        self, config: TriageConfig, *, names: TopicNames, outbox: Outbox, store: StateStore,
+        metrics: AdmissionMetrics | None = None, expect_heartbeats: bool = True,
+    ) -> None:
+        self.config = config
+        self.names = names
+        self.outbox = outbox
+        self.store = store
+        self.metrics = metrics or AdmissionMetrics()
+        self.expect_heartbeats = expect_heartbeats
+        self.core = AdmissionCore(config, expect_heartbeats=expect_heartbeats)
+        self._side: dict[str, _Side] = {}
+        self._done: deque[tuple[float, str]] = deque()  # dedupe records, oldest first
+        self._dirty_buckets: set[str] = set()
+        self._texts: dict[str, str] = {}
+        self._learned_at = 0.0
+        self.dedupe_ttl_s = config.admission.dedupe_ttl_s
+
+    # --- recovery -------------------------------------------------------------------
+    def restore(self, now: float) -> dict[str, int]:
+        """Rebuild the core and the in-memory indexes from the tables (after recovery)."""
+        self.core = AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats)
+        self._side.clear()
+        self._done.clear()
+        counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0}
+        for tenant, state in self.store.buckets():
+            if tenant in self.core.gate.quotas:
+                self.core.gate.bucket(tenant).restore(state.model_dump())
+                counts["buckets"] += 1
+        learned = self.store.get_learned(LEARNED_KEY)
+        if learned:
+            self.core.predictor.restore(learned)
+        done: list[tuple[float, str]] = []
+        for rec in self.store.requests():
+            if rec.state is LiveState.DONE:
+                done.append((rec.updated, rec.request_id))
+                continue
+            d = self.core.dispatchers.get(rec.pool)
+            if d is None or rec.tenant not in self.core.gate.quotas:
+                log.warning("dropping live request %s: pool or tenant no longer configured",
+                            rec.request_id)
+                continue
+            p = codec.pending_from(rec)
+            self._side[rec.request_id] = _Side(rec.prompt, dict(rec.metadata))
+            if rec.state is LiveState.RUNNING and rec.gpu_id and d.restore_running(p, rec.gpu_id):
+                counts["running"] += 1
+            elif rec.state is LiveState.RUNNING:
+                counts["requeued"] += 1  # its GPU is gone from the config: wait again
+                p.attempt += 1
+                p.enqueued_at = now
+                d.restore_queued(p)
+            else:
+                d.restore_queued(p)
+                counts["queued"] += 1
+        done.sort()
+        self._done.extend(done)
+        counts["done"] = len(done)
+        log.info("restored admission state: %s", counts)
+        return counts
+
+    def add_tenant(self, tenant: TenantConfig) -> None:
+        self.core.add_tenant(tenant)
+
+    # --- inputs -----------------------------------------------------------------------
+    def on_request(
+        self, *, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+        offset: int | None, now: float,
+    ) -> None:
+        """A message on a tenant's request topic."""
+        tenant = self.names.tenant_of_request_topic(topic) or "unknown"
+        self.metrics.requests.labels(tenant).inc()
+        parsed = parse_request(value)
+        if isinstance(parsed, Unparseable):
+            self._dead_letter(topic, partition, offset, key, value, parsed.error, "gate", now)
+            self.metrics.invalid.labels(tenant, "unparseable").inc()
+            return
+        if isinstance(parsed, Invalid):
+            self._invalid(tenant, parsed, topic, partition, offset, key, value, now)
+            return
+        req = parsed
+        problem = check_request(req, self.config, tenant)
+        if problem is not None:
+            self._invalid(tenant, problem, topic, partition, offset, key, value, now)
+            return
+        rid = req.request_id
+        known = self.store.get_request(rid)
+        if known is not None or self.core.live(rid):
+            self.metrics.duplicates.labels(tenant).inc()
+            if known is not None and known.last_reply is not None:
+                self.outbox.send(self.names.replies(tenant), rid, known.last_reply)
+            return
+        t0 = time.perf_counter()
+        core = self.core
+        p = core.make_pending(
+            rid, req.tenant, req.model, req.prompt_tokens, req.max_tokens, now,
+            None if req.sla_ms is None else req.sla_ms / 1000.0,
+        )
+        d = core.dispatchers[p.pool]
+        refusal = core.gate.check(p, now, tightened=d.monitor.tightened)
+        decisions = [refusal] if refusal is not None else d.admit(p, now)
+        self.metrics.decision_latency.labels("request").observe(time.perf_counter() - t0)
+        self._dirty_buckets.add(req.tenant)
+        self._side[rid] = _Side(req.prompt, dict(req.metadata))
+        self._emit(decisions, now, arrival=p)
+
+    def on_completion(self, value: bytes | None, *, key: bytes | None = None,
+                      partition: int | None = None, offset: int | None = None,
+                      now: float) -> None:
+        """A worker finished (or stopped) an attempt."""
+        try:
+            c = Completion.from_bytes(value or b"")
+        except ValueError as exc:
+            self._dead_letter(self.names.completions, partition, offset, key, value, str(exc),
+                              "completions", now)
+            return
+        d = self.core.dispatchers.get(c.pool)
+        if d is None:
+            log.warning("completion for unknown pool %r (%s)", c.pool, c.request_id)
+            return
+        p = d.inflight.get(c.request_id)
+        if c.text is not None:
+            self._texts[c.request_id] = c.text
+        ok = c.status is CompletionStatus.COMPLETED
+        t0 = time.perf_counter()
+        decisions = d.complete(
+            request_id=c.request_id, attempt=c.attempt, ok=ok, output_tokens=c.output_tokens,
+            prefill_s=c.prefill_s, decode_s=c.decode_s, concurrency=c.mean_concurrency,
+            now=now, preempted=c.status in (CompletionStatus.PREEMPTED, CompletionStatus.CANCELLED),
+            error=c.error,
+        )
+        self.metrics.decision_latency.labels("completion").observe(time.perf_counter() - t0)
+        if ok and p is not None and p.attempt == c.attempt and p.predicted_raw_s > 0:
+            self.metrics.predictor_error.labels(c.model).observe(
+                (c.prefill_s + c.decode_s) / p.predicted_raw_s
+            )
+        if not decisions:  # a stale or duplicate completion: nothing will carry its text
+            self._texts.pop(c.request_id, None)
+        self._emit(decisions, now)
+
+    def on_status(self, value: bytes | None, *, key: bytes | None = None,
+                  partition: int | None = None, offset: int | None = None,
+                  now: float) -> None:
+        """A GPU heartbeat: capacity, utilization, health, joins and departures."""
+        try:
+            st = GpuStatus.from_bytes(value or b"")
+        except ValueError as exc:
+            self._dead_letter(self.names.gpu_status, partition, offset, key, value, str(exc),
+                              "status", now)
+            return
+        d = self.core.dispatchers.get(st.pool)
+        if d is None:
+            log.warning("heartbeat from %s for unknown pool %r", st.gpu_id, st.pool)
+            return
+        gt = self.config.gpu_types_by_name.get(st.gpu_type)
+        decisions = d.heartbeat(
+            gpu_id=st.gpu_id, gpu_type=st.gpu_type, speed=gt.speed if gt else 1.0,
+            kv_budget=st.kv_budget_bytes, utilization=st.utilization,
+            up=st.state is GpuState.UP and st.healthy, now=now,
+        )
+        self.metrics.gpu_utilization.labels(st.pool, st.gpu_id).set(st.utilization)
+        self._emit(decisions, now)
+
+    def on_tick(self, now: float) -> None:
+        """Timeouts, dispatch, hysteresis; then write state that is kept behind."""
+        t0 = time.perf_counter()
+        decisions = self.core.tick(now)
+        self.metrics.decision_latency.labels("tick").observe(time.perf_counter() - t0)
+        self._emit(decisions, now)
+        for e in self.core.drain_scale_events():
+            self.outbox.send(self.names.autoscale, e.pool, codec.scale_signal(e))
+        self._flush_buckets()
+        if now - self._learned_at >= LEARNED_EVERY_S:
+            self._learned_at = now
+            self.store.put_learned(LEARNED_KEY, self.core.predictor.snapshot())
+        self._expire_done(now)
+        self._observe_gauges()
+
+    # --- outputs ----------------------------------------------------------------------
+    def _emit(self, decisions: list[Decision], now: float, arrival: Pending | None = None) -> None:
+        names = self.names
+        out = self.outbox
+        m = self.metrics
+        for d in decisions:
+            out.send(names.decisions, d.request_id, codec.decision_record(d))
+            m.admissions.labels(d.tenant, d.model, d.outcome.value, d.reason.value).inc()
+            p = arrival if arrival is not None and arrival.request_id == d.request_id else None
+            if p is None and d.pool is not None:
+                disp = self.core.dispatchers[d.pool]
+                p = disp.inflight.get(d.request_id) or disp.queue.members.get(d.request_id)
+            side = self._side.get(d.request_id)
+            text = self._texts.pop(d.request_id, None) if d.outcome is Outcome.COMPLETE else None
+            reply = codec.reply_for(d, text=text)
+            if d.outcome is Outcome.ACCEPT and p is not None:
+                item = codec.work_item(d, p, prompt=side.prompt if side else None,
+                                       metadata=side.metadata if side else {})
+                out.send(names.gpu_work(item.gpu_id), d.request_id, item)
+                if p.enqueued_at >= 0.0 and d.queue_wait_s is not None:
+                    m.queue_wait.labels(d.tenant, d.model).observe(d.queue_wait_s)
+            control = codec.control_for(d)
+            if control is not None:
+                out.send(names.gpu_control(control.gpu_id), d.request_id, control)
+            if d.outcome is Outcome.PREEMPT:
+                m.preemptions.labels(d.tenant, d.model).inc()
+                m.recompute_tokens.labels(d.tenant, d.model).inc(d.recompute_tokens or 0)
+            if d.outcome is Outcome.QUEUE and side is not None and side.queued_for is None:
+                side.queued_for = d.reason
+            out.send(names.replies(d.tenant), d.request_id, reply)
+            state = _LIVE_STATE.get(d.outcome)
+            if state is not None and p is not None:
+                self.store.put_request(codec.live_record(
+                    p, state, prompt=side.prompt if side else None,
+                    metadata=side.metadata if side else {}, last_reply=reply, now=now))
+            else:
+                self._finish(d, p, side, reply, now)
+
+    def _finish(
+        self, d: Decision, p: Pending | None, side: _Side | None, reply: Reply, now: float
+    ) -> None:
+        """A terminal decision: keep a dedupe record, count SLA misses, forget the rest."""
+        self._side.pop(d.request_id, None)
+        if d.outcome is Outcome.COMPLETE:
+            sla = d.sla_s
+            if d.latency_s is not None:
+                self.metrics.latency.labels(d.tenant, d.model).observe(d.latency_s)
+            if sla is not None and d.latency_s is not None and d.latency_s > sla:
+                self._violation(d, side)
+        elif d.outcome is Outcome.TIMEOUT:
+            self.metrics.queue_timeouts.labels(d.tenant, d.model, d.reason.value).inc()
+            if d.queue_wait_s is not None:
+                self.metrics.queue_wait.labels(d.tenant, d.model).observe(d.queue_wait_s)
+            self._violation(d, side)
+        if p is not None:
+            rec = codec.live_record(p, LiveState.DONE, prompt=None, metadata={},
+                                    last_reply=reply, now=now)
+        else:
+            prev = self.store.get_request(d.request_id)
+            if prev is None:
+                return
+            rec = prev.model_copy(update={"state": LiveState.DONE, "last_reply": reply,
+                                          "prompt": None, "updated": now})
+        self.store.put_request(rec)
+        self._done.append((now, d.request_id))
+
+    def _violation(self, d: Decision, side: _Side | None) -> None:
+        queued_for = side.queued_for if side else None
+        if queued_for in MEMORY_REASONS:
+            cause = "memory_pressure"
+        elif queued_for is not None or d.outcome is Outcome.TIMEOUT:
+            cause = "queueing"
+        else:
+            cause = "compute_saturation"
+        self.metrics.sla_violations.labels(d.tenant, d.model, cause).inc()
+
+    def _invalid(
+        self, tenant: str, problem: Invalid, topic: str, partition: int | None,
+        offset: int | None, key: bytes | None, value: bytes | None, now: float,
+    ) -> None:
+        """Answer `invalid` on the topic's tenant's reply topic; keep the bytes too."""
+        self.metrics.invalid.labels(tenant, problem.reason.value).inc()
+        self._dead_letter(topic, partition, offset, key, value, problem.detail, "gate", now)
+        if self.names.tenant_of_request_topic(topic) is None:
+            return  # not a tenant's topic: nobody to answer
+        reply = Reply(request_id=problem.request_id, tenant=tenant, status=ReplyStatus.INVALID,
+                      reason=problem.reason, detail=problem.detail[:2000], at_ms=codec.ms(now))
+        self.outbox.send(self.names.replies(tenant), problem.request_id, reply)
+        model = _model_hint(value)
+        record = DecisionRecord(
+            request_id=problem.request_id, tenant=tenant, model=model, outcome=Outcome.INVALID,
+            reason=problem.reason, policy=self.core.flags.name,
+            policy_version=self.core.flags.version, at_ms=codec.ms(now),
+            inputs=DecisionInputs(detail=problem.detail[:2000]),
+        )
+        self.outbox.send(self.names.decisions, problem.request_id, record)
+        self.metrics.admissions.labels(tenant, model, Outcome.INVALID.value,
+                                       problem.reason.value).inc()
+
+    def _dead_letter(
+        self, topic: str, partition: int | None, offset: int | None, key: bytes | None,
+        value: bytes | None, error: str, stage: DeadLetterStage, now: float,
+    ) -> None:
+        dl = DeadLetter(
+            source_topic=topic, partition=partition, offset=offset,
+            key=key.decode(errors="replace") if key else None,
+            value_b64=base64.b64encode(value or b"").decode(), error=error[:4000],
+            stage=stage,
+            at_ms=codec.ms(now),
+        )
+        self.outbox.send_raw(self.names.deadletter, key, dl.to_bytes())
+
+    # --- kept-behind state and gauges -------------------------------------------------
+    def _flush_buckets(self) -> None:
+        for tenant in self._dirty_buckets:
+            b = self.core.gate.bucket(tenant)
+            self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated))
+            self.metrics.bucket_level.labels(tenant).set(b.level)
+        self._dirty_buckets.clear()
+
+    def _expire_done(self, now: float) -> None:
+        horizon = now - self.dedupe_ttl_s
+        done = self._done
+        while done and done[0][0] < horizon:
+            _, rid = done.popleft()
+            rec = self.store.get_request(rid)
+            if rec is not None and rec.state is LiveState.DONE and rec.updated < horizon:
+                self.store.delete_request(rid)
+
+    def _observe_gauges(self) -> None:
+        m = self.metrics
+        per_tenant: dict[str, int] = {}
+        for name, d in self.core.dispatchers.items():
+            depth = len(d.queue)
+            m.queue_depth.labels(name).set(depth)
+            m.queue_depth_hist.labels(name).observe(depth)
+            for t, c in d.queue.tenant_count.items():
+                per_tenant[t] = per_tenant.get(t, 0) + c
+            m.preemption_rate.labels(name).set(d.stats.preemption_rate)
+            m.pool_utilization.labels(name).set(d.monitor.utilization)
+            m.tightened.labels(name).set(1 if d.monitor.tightened else 0)
+            m.autoscale.labels(name).set(1 if d.monitor.autoscale else 0)
+            m.gpus_up.labels(name).set(d.ledger.up_count())
+            for s in d.ledger.slots:
+                m.kv_reserved.labels(name, s.gpu_id).set(s.used)
+                m.kv_budget.labels(name, s.gpu_id).set(s.budget)
+        for t in self.config.tenants_by_name:
+            m.tenant_queue_depth.labels(t).set(per_tenant.get(t, 0))
+        m.variance_buffer.set(self.core.predictor.variance_buffer)
+
+
+def _model_hint(value: bytes | None) -> str:
+    """The model an invalid request named, if it named a usable one (for the audit log)."""
+    try:
+        data: Any = json.loads(value or b"")
+    except ValueError:
+        return "unknown"
+    model = data.get("model") if isinstance(data, dict) else None
+    if isinstance(model, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}", model):
+        return model
+    return "unknown"
