@@ -28,7 +28,10 @@ from triage.topics.reasons import ReasonCode, ReplyStatus
 NAMES = TopicNames("t")
 
 
-def _service(store: MappingStore | None = None, **tkw: object) -> tuple[AdmissionService, ListOutbox, MappingStore]:
+Built = tuple[AdmissionService, ListOutbox, MappingStore]
+
+
+def _service(store: MappingStore | None = None, **tkw: object) -> Built:
     cfg = config(tenants=[tenant("a", **tkw)], gpus=1, kv_budget_gib=0.2)
     out = ListOutbox()
     st = store or MappingStore.in_memory()
@@ -114,8 +117,8 @@ def test_redelivered_request_gets_its_recorded_reply_not_a_second_dispatch() -> 
 
 
 def test_restart_recovers_buckets_queue_and_ledger_from_the_store() -> None:
-    svc, out, store = _service(rate_tokens_per_s=10.0, burst_tokens=2000.0,
-                               output_ratio_prior=1.0, max_queue_wait_ms=60_000)
+    svc, _out, store = _service(rate_tokens_per_s=10.0, burst_tokens=2000.0,
+                                output_ratio_prior=1.0, max_queue_wait_ms=60_000)
     _send(svc, _req("r1", prompt=1000, max_tokens=100), 1.0)  # fills the GPU's KV
     _send(svc, _req("r2", prompt=600, max_tokens=100), 1.0)  # waits
     svc.on_tick(1.1)  # writes the bucket behind
