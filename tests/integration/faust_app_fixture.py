@@ -16,9 +16,12 @@ DUMP_KEY and value {"nonce": str} asks for a dump.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import faust
+
+log = logging.getLogger(__name__)
 
 DUMP_KEY = "__dump__"
 PARTITIONS = int(os.environ.get("FAUST_TEST_PARTITIONS", "2"))
@@ -50,12 +53,22 @@ dumps_topic = app.topic(
 items = app.Table("items", default=None, partitions=PARTITIONS, key_type=str, value_type=int)
 
 
+def _per_partition() -> dict[str, dict[str, str]]:
+    """Raw contents of each partition's RocksDB (diagnostics for a failed assertion)."""
+    dbs = getattr(items.data, "_dbs", {})
+    return {
+        str(p): {k.decode(errors="replace"): v.decode(errors="replace") for k, v in db.items()}
+        for p, db in dbs.items()
+    }
+
+
 @app.agent(items_topic, concurrency=1)
 async def store_items(stream: faust.StreamT) -> None:
     """Assign whole values (never mutate in place: only assignment reaches the changelog)."""
     async for event in stream.events():
         key = event.key.decode() if isinstance(event.key, bytes) else str(event.key)
         value = event.value
+        log.info("event %s=%s from partition %d", key, value, event.message.partition)
         if key == DUMP_KEY:
             await dumps_topic.send(
                 key=value["nonce"].encode(),
@@ -65,6 +78,7 @@ async def store_items(stream: faust.StreamT) -> None:
                     "store": type(items.data).__module__,
                     "rocksdict": getattr(items.data, "use_rocksdict", None),
                     "items": dict(items.items()),
+                    "partitions": _per_partition(),
                 },
             )
         else:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import time
 import uuid
 from pathlib import Path
@@ -214,3 +215,64 @@ def test_confluent_round_trip_of_an_inference_request(
     assert got == sent  # one partition: order kept, every field round-trips
     assert keys == [r.request_id.encode() for r in sent]
     assert committed[0].offset == len(sent)
+
+
+def test_demo_publishes_and_reads_back_a_sample_request(
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+) -> None:
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["kafka"] = {"bootstrap_servers": kafka_bootstrap, "topic_prefix": topic_names.prefix}
+    cfg_file = tmp_path / "triage.yaml"
+    cfg_file.write_text(yaml.safe_dump(data))
+    result = runner.invoke(app, ["demo", "--config", str(cfg_file)])
+    assert result.exit_code == 0, result.output
+    out = _flat(result.stdout)
+    assert "round trip ok" in out
+    assert f"-> {topic_names.requests('rag')}" in out
+    listed = {i.name for i in describe_topics(kafka_bootstrap, topic_names.prefix)}
+    assert topic_names.requests("rag") in listed
+
+
+def _free_port_pair() -> int:
+    """A port p with p+1 also free (the controller takes port + 1)."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port + 1))
+        except OSError:
+            continue
+        return port
+    raise RuntimeError("no free port pair")
+
+
+@pytest.mark.broker
+@pytest.mark.timeout(300)
+def test_local_broker_lifecycle_is_idempotent(tmp_path: Path) -> None:
+    data_dir = tmp_path / "kafka"
+    data_dir.mkdir()
+    (data_dir / "broker.pid").write_text("999999\n")  # stale: no such broker
+    broker = LocalBroker(port=_free_port_pair(), data_dir=data_dir)
+    try:
+        first = broker.start()
+        assert first.started and first.formatted
+        assert first.status.reachable and first.status.managed
+        assert first.status.version == KAFKA_VERSION
+        assert first.ready_s > 0
+        assert Path(first.status.log_path).is_file()
+        again = broker.start()
+        assert not again.started and again.status.pid == first.status.pid
+    finally:
+        stopped = broker.stop()
+    assert stopped is True
+    after = broker.status()
+    assert not after.reachable and after.pid is None
+    assert not (data_dir / "broker.pid").exists()
+    assert broker.stop() is False
+    try:
+        second = broker.start()  # storage is formatted once, the data dir is reused
+        assert second.started and not second.formatted and second.status.reachable
+    finally:
+        broker.stop()

@@ -16,6 +16,7 @@ from triage.topics.messages import (
     ALL_MESSAGES,
     MAX_TOKENS,
     AdmittedRequest,
+    BucketState,
     Completion,
     CompletionStatus,
     ControlKind,
@@ -25,10 +26,13 @@ from triage.topics.messages import (
     DecisionRecord,
     GpuStatus,
     InferenceRequest,
+    LiveRequest,
+    LiveState,
     Message,
     Reply,
     ScaleDirection,
     ScaleSignal,
+    Tick,
     WorkItem,
     json_schemas,
 )
@@ -157,6 +161,26 @@ SAMPLES: dict[str, Message] = {
         error="not JSON",
         at_ms=NOW,
     ),
+    "Tick": Tick(at_ms=NOW),
+    "LiveRequest": LiveRequest(
+        request_id="req-1",
+        tenant="rag",
+        model="llama-3.1-8b",
+        pool="shared",
+        state=LiveState.RUNNING,
+        prompt_tokens=1200,
+        max_tokens=300,
+        arrived=NOW / 1000,
+        sla_s=4.0,
+        expected_out=150.0,
+        expected_tokens=1350.0,
+        gpu_id="gpu-0",
+        metadata={"trace": "abc"},
+        last_reply=Reply(
+            request_id="req-1", tenant="rag", status=ReplyStatus.ACCEPTED, gpu_id="gpu-0", at_ms=NOW
+        ),
+    ),
+    "BucketState": BucketState(level=-1250.5, updated=NOW / 1000),
 }
 
 
