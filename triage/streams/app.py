@@ -82,7 +82,7 @@ def build_app(
         topic_replication_factor=k.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
-        producer_linger_ms=1,
+        producer_linger_ms=5,
         web_enabled=False,
         table_cleanup_interval=3600.0,
     )
@@ -98,9 +98,12 @@ def build_app(
 
     # --- tables (key partitioner: writable from timers; one changelog partition) ----
     def table(name: str) -> Any:
-        schema = faust.Schema(key_type=bytes, value_type=bytes, key_serializer="raw",
-                              value_serializer="raw")
-        return app.Table(name, default=None, partitions=1, use_partitioner=True, schema=schema)
+        t = app.Table(name, default=None, partitions=1, use_partitioner=True,
+                      key_type=bytes, value_type=bytes)
+        # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
+        t.key_serializer = "raw"
+        t.value_serializer = "raw"
+        return t
 
     store = MappingStore(_StrKeys(table(REQUESTS)), _StrKeys(table(BUCKETS)),
                          _StrKeys(table(LEARNED)))

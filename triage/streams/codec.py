@@ -1,4 +1,8 @@
-"""Translations between the core's objects and the wire's messages. Pure functions."""
+"""Translations between the core's objects and the wire's messages. Pure functions.
+
+Outgoing messages are built with `model_construct` (no validation): their values come
+from the core, whose types are already right, and validation was most of their cost.
+Tests round-trip every builder through the validating parser."""
 
 from __future__ import annotations
 
@@ -47,13 +51,13 @@ def _num(x: float | None) -> float | None:
 
 def decision_record(d: Decision) -> DecisionRecord:
     """The audit log's line for a decision."""
-    return DecisionRecord(
+    return DecisionRecord.model_construct(
         request_id=d.request_id, tenant=d.tenant, model=d.model, pool=d.pool,
         outcome=d.outcome, reason=d.reason, gpu_id=d.gpu_id, predicted_s=_num(d.predicted_s),
         queue_wait_ms=None if d.queue_wait_s is None else d.queue_wait_s * 1000.0,
         retry_after_ms=retry_ms(d.retry_after_s), policy=d.policy,
         policy_version=d.policy_version, at_ms=ms(d.at),
-        inputs=DecisionInputs(
+        inputs=DecisionInputs.model_construct(
             request_tokens=_num(d.request_tokens), bucket_level=_num(d.bucket_level),
             bucket_burst=_num(d.bucket_burst), bucket_debt_ceiling=_num(d.bucket_debt_ceiling),
             kv_bytes_needed=d.kv_bytes_needed, kv_bytes_available=d.kv_bytes_available,
@@ -70,13 +74,13 @@ def reply_for(d: Decision, *, text: str | None = None) -> Reply:
     """What the tenant is told about a decision."""
     if d.outcome is Outcome.COMPLETE:
         status = ReplyStatus.COMPLETED if d.reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
-        return Reply(
+        return Reply.model_construct(
             request_id=d.request_id, tenant=d.tenant, status=status, reason=d.reason,
             detail=d.detail, gpu_id=d.gpu_id,
             latency_ms=None if d.latency_s is None else max(0.0, d.latency_s * 1000.0),
             output_tokens=d.output_tokens, text=text, at_ms=ms(d.at),
         )
-    return Reply(
+    return Reply.model_construct(
         request_id=d.request_id, tenant=d.tenant, status=_STATUS[d.outcome], reason=d.reason,
         detail=d.detail, retry_after_ms=retry_ms(d.retry_after_s),
         gpu_id=d.gpu_id if d.outcome is Outcome.ACCEPT else None,
@@ -88,7 +92,7 @@ def reply_for(d: Decision, *, text: str | None = None) -> Reply:
 def work_item(d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str]) -> WorkItem:
     """What the GPU's worker runs for an ACCEPT decision."""
     assert d.gpu_id is not None
-    return WorkItem(
+    return WorkItem.model_construct(
         request_id=p.request_id, attempt=p.attempt, tenant=p.tenant, model=p.model,
         pool=p.pool, gpu_id=d.gpu_id, prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens,
         prompt=prompt, reserved_kv_bytes=p.kv_bytes, predicted_s=max(0.0, p.predicted_s),
@@ -124,11 +128,11 @@ def live_record(
 ) -> LiveRequest:
     """The table record of a live (or just finished) request."""
     gpu = p.gpu
-    return LiveRequest(
+    return LiveRequest.model_construct(
         request_id=p.request_id, tenant=p.tenant, model=p.model, pool=p.pool, state=state,
         prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, arrived=p.arrived,
         sla_s=p.sla_s, expected_out=p.expected_out, expected_tokens=p.expected_tokens,
-        cls=p.cls, overage=p.overage, pressure=p.pressure, attempt=p.attempt,
+        priority_class=p.cls, overage=p.overage, pressure=p.pressure, attempt=p.attempt,
         recompute_tokens=p.recompute_tokens, enqueued_at=p.enqueued_at,
         expires_at=p.expires_at, timeout_reason=p.timeout_reason, idle_s=p.idle_s,
         dispatched_at=p.dispatched_at, predicted_raw_s=p.predicted_raw_s,
@@ -143,7 +147,7 @@ def pending_from(rec: LiveRequest) -> Pending:
                 rec.max_tokens, rec.arrived, rec.sla_s)
     p.expected_out = rec.expected_out
     p.expected_tokens = rec.expected_tokens
-    p.cls = rec.cls
+    p.cls = rec.priority_class
     p.overage = rec.overage
     p.pressure = rec.pressure
     p.attempt = rec.attempt

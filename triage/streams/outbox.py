@@ -30,7 +30,11 @@ class KafkaOutbox:
     """The production outbox."""
 
     def __init__(self, bootstrap: str) -> None:
-        self._producer = make_producer(bootstrap, **{"linger.ms": 1, "batch.num.messages": 2000})
+        self._producer = make_producer(bootstrap, **{
+            "linger.ms": 5,
+            "batch.num.messages": 5000,
+            "delivery.report.only.error": True,  # no Python callback per delivered message
+        })
         self.errors = 0
         self.sent = 0
 

@@ -312,7 +312,7 @@ class LiveRequest(Message):
     sla_s: float
     expected_out: float
     expected_tokens: float
-    cls: int = 0
+    priority_class: int = 0  # 0 normal, 1 admitted over quota
     overage: bool = False
     pressure: float = 0.0
     attempt: int = 0

@@ -45,6 +45,10 @@ def parse_request(raw: bytes | str | None) -> InferenceRequest | Invalid | Unpar
     """Decode one request message. Answerable errors need a usable request_id."""
     if raw is None:
         return Unparseable("empty message value")
+    try:  # the common case in one pass through pydantic-core; errors take the slow path
+        return InferenceRequest.model_validate_json(raw)
+    except ValidationError:
+        pass
     try:
         data: Any = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -78,7 +82,9 @@ def check_request(
     model = config.model(req.model)
     if model is None:
         known = ", ".join(sorted(config.models_by_name))
-        return Invalid(rid, ReasonCode.UNKNOWN_MODEL, f"unknown model {req.model!r} (known: {known})")
+        return Invalid(
+            rid, ReasonCode.UNKNOWN_MODEL, f"unknown model {req.model!r} (known: {known})"
+        )
     if tenant.models is not None and req.model not in tenant.models:
         return Invalid(
             rid,
