@@ -73,7 +73,9 @@ class TenantConfig(StrictModel):
     output_ratio_prior: Annotated[float, Field(gt=0.0, le=1.0)] = Field(
         0.7, description="Initial guess of used/requested output tokens, until learned."
     )
-    models: list[ModelName] | None = Field(None, description="Models the tenant may call (None: all).")
+    models: list[ModelName] | None = Field(
+        None, description="Models the tenant may call (None: all)."
+    )
 
 
 class ModelConfig(StrictModel):
@@ -138,7 +140,9 @@ class HysteresisConfig(StrictModel):
     @model_validator(mode="after")
     def _ordered(self) -> Self:
         if not self.low < self.high:
-            raise ValueError(f"hysteresis.low ({self.low}) must be below hysteresis.high ({self.high})")
+            raise ValueError(
+                f"hysteresis.low ({self.low}) must be below hysteresis.high ({self.high})"
+            )
         return self
 
 

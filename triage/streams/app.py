@@ -98,8 +98,8 @@ def build_app(
 
     # --- tables (key partitioner: writable from timers; one changelog partition) ----
     def table(name: str) -> Any:
-        t = app.Table(name, default=None, partitions=1, use_partitioner=True,
-                      key_type=bytes, value_type=bytes)
+        t: Any = app.Table(name, default=None, partitions=1, use_partitioner=True,
+                           key_type=bytes, value_type=bytes)
         # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
         t.key_serializer = "raw"
         t.value_serializer = "raw"
