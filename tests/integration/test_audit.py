@@ -1,8 +1,9 @@
 """`triage audit` against the real broker: DecisionRecords produced to the decisions topic.
 
-Also pins down the fact behind the reader's design: librdkafka's default
-partitioner is not Java's murmur2, so one key can land on different partitions
-depending on which client wrote it, and the reader scans every partition.
+Also pins down the fact behind two designs: librdkafka's default partitioner is
+not Java's murmur2, so our producers set murmur2 (keys co-partition with Faust's
+aiokafka), and since any other writer may still differ, the reader scans every
+partition.
 """
 
 from __future__ import annotations
@@ -196,21 +197,19 @@ def _java_murmur2(data: bytes) -> int:
     return h & 0x7FFFFFFF
 
 
-def test_librdkafka_default_partitioner_is_crc32_not_murmur2(
+def test_our_producers_place_keys_like_java_and_librdkafkas_default_does_not(
     kafka_bootstrap: str, decisions_topic: str
 ) -> None:
-    """Why the reader scans every partition instead of computing the key's one."""
+    """Why triage's producers set murmur2, and why the reader scans every partition."""
     keys = [f"req-{i}" for i in range(40)]
-    default = make_producer(kafka_bootstrap)
-    java_like = make_producer(kafka_bootstrap, partitioner="murmur2_random")
+    ours = make_producer(kafka_bootstrap)
+    plain = Producer({"bootstrap.servers": kafka_bootstrap})  # librdkafka's own default
     rec = decision("x-1", Outcome.ACCEPT, ReasonCode.ADMITTED)
-    got_default, got_murmur = {}, {}
+    got_ours, got_plain = {}, {}
     for k in keys:
         r = rec.model_copy(update={"request_id": k})
-        got_default[k] = produce(default, decisions_topic, r)
-        got_murmur[k] = produce(java_like, decisions_topic, r)
-    assert got_default == {
-        k: zlib.crc32(k.encode()) % PARTITIONS for k in keys
-    }  # consistent_random
-    assert got_murmur == {k: _java_murmur2(k.encode()) % PARTITIONS for k in keys}
-    assert got_default != got_murmur  # the two writers disagree about where a key lives
+        got_ours[k] = produce(ours, decisions_topic, r)
+        got_plain[k] = produce(plain, decisions_topic, r)
+    assert got_ours == {k: _java_murmur2(k.encode()) % PARTITIONS for k in keys}
+    assert got_plain == {k: zlib.crc32(k.encode()) % PARTITIONS for k in keys}
+    assert got_plain != got_ours  # two writers can disagree about where a key lives

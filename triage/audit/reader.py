@@ -158,6 +158,7 @@ def _scan(
                 continue
             if rec is not None:
                 result.records.append(rec)
+    result.records.sort(key=lambda r: r.at_ms)  # partitions interleave: restore time order
     return result
 
 
