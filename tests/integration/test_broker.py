@@ -217,22 +217,6 @@ def test_confluent_round_trip_of_an_inference_request(
     assert committed[0].offset == len(sent)
 
 
-def test_demo_publishes_and_reads_back_a_sample_request(
-    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
-) -> None:
-    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
-    data["kafka"] = {"bootstrap_servers": kafka_bootstrap, "topic_prefix": topic_names.prefix}
-    cfg_file = tmp_path / "triage.yaml"
-    cfg_file.write_text(yaml.safe_dump(data))
-    result = runner.invoke(app, ["demo", "--config", str(cfg_file)])
-    assert result.exit_code == 0, result.output
-    out = _flat(result.stdout)
-    assert "round trip ok" in out
-    assert f"-> {topic_names.requests('rag')}" in out
-    listed = {i.name for i in describe_topics(kafka_bootstrap, topic_names.prefix)}
-    assert topic_names.requests("rag") in listed
-
-
 def _free_port_pair() -> int:
     """A port p with p+1 also free (the controller takes port + 1)."""
     for _ in range(50):

@@ -1,148 +1,168 @@
-"""`triage demo` (placeholder until the admission app exists).
+"""`triage demo`: the whole system on the local broker, in a minute and a half.
 
-Brings up the local broker, creates the topics of the config, publishes one
-sample InferenceRequest to the rag tenant's request topic and reads it back:
-the smallest proof that the wire contract and the broker work end to end.
+Starts the broker (if none runs), creates a fresh set of topics, starts the Faust
+admission app and one simulated worker per GPU of the config, drives the seed's
+three tenants at it with a progress display, waits for every request to end, then
+prints and writes a per-tenant summary and stops what it started.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import time
-import uuid
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Any
 
 import typer
-from confluent_kafka import KafkaError, KafkaException, Message, TopicPartition
+import yaml
 from rich.console import Console
-from rich.panel import Panel
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from triage.config import ConfigError, TriageConfig, load_config
-from triage.kafka.clients import broker_reachable, make_consumer, make_producer
-from triage.kafka.local import ForeignBrokerError, LocalBroker, LocalBrokerError
+from triage.config.models import TriageConfig
+from triage.demo.driver import LoadDriver, ReplyTracker
+from triage.demo.processes import ChildProcess, scrape, wait_for_metric
+from triage.demo.summary import summarize, table
+from triage.kafka.clients import broker_reachable
+from triage.kafka.local import LocalBroker, LocalBrokerError
+from triage.sim.scenario import load_scenario
 from triage.topics.admin import create_topics
-from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
-from triage.topics.validation import check_request
 
-console = Console()
-_LOCAL_HOSTS = {"127.0.0.1", "localhost"}
-_TENANT = "rag"
+log = logging.getLogger(__name__)
+DEMO_SCENARIO = Path(__file__).resolve().parent.parent / "demo" / "scenario.yaml"
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the root app."""
     app.command("demo")(demo)
 
 
 def demo(
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="triage YAML config [default: the shipped example]."
-    ),
+    duration: float = typer.Option(90.0, min=5.0, help="Seconds of traffic to send."),
+    scenario: Path = typer.Option(DEMO_SCENARIO, help="Scenario file (tenants' traffic and the "
+                                  "config it runs on)."),
+    out: Path = typer.Option(Path("demo-out"), help="Where the run's config, logs and summary go."),
+    drain: float = typer.Option(120.0, help="Most seconds to wait for outstanding requests."),
+    keep_broker: bool = typer.Option(False, help="Leave a broker the demo started running."),
+    port: int = typer.Option(9092, help="Kafka port of the local broker."),
 ) -> None:
-    """Bring up the local broker and topics, then round-trip a sample request.
-
-    (A placeholder: it will grow into the full demo with the admission app and
-    two simulated GPUs.)
-    """
+    """Run the demo: broker, topics, admission app, two simulated GPUs, three tenants."""
+    console = Console(width=max(Console().width, 150))
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    run_dir = out / stamp
+    run_dir.mkdir(parents=True, exist_ok=True)
+    broker = LocalBroker(port=port)
+    started_broker = False
+    children: list[ChildProcess] = []
+    tracker: ReplyTracker | None = None
     try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-    bootstrap = cfg.kafka.bootstrap_servers
-    console.rule("[bold]triage demo")
-    _ensure_broker(bootstrap)
-    names = TopicNames(cfg.kafka.topic_prefix)
-    result = create_topics(bootstrap, names, cfg)
-    console.print(
-        f"[green]topics[/green]  {len(result.created)} created, "
-        f"{len(result.existing)} already there (prefix {names.prefix!r})"
-    )
-    _round_trip(bootstrap, names, cfg)
+        if not broker_reachable(broker.bootstrap, timeout_s=3.0):
+            console.print(f"[bold]starting Kafka[/] on {broker.bootstrap} ...")
+            result = broker.start()
+            started_broker = result.started
+            console.print(f"Kafka answered after {result.ready_s:.1f} s")
+        sc = load_scenario(scenario)
+        cfg = _run_config(sc.config, prefix=f"demo{stamp.replace('-', '')}",
+                          bootstrap=broker.bootstrap, run_dir=run_dir)
+        cfg_path = run_dir / "triage.yaml"
+        cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        names = TopicNames(cfg.kafka.topic_prefix)
+        created = create_topics(broker.bootstrap, names, cfg)
+        console.print(f"created {len(created.created)} topics under [bold]{names.prefix}.*[/]")
 
+        admission = ChildProcess("admission", ["admission", "--config", str(cfg_path),
+                                               "--loglevel", "warn"],
+                                 run_dir / "admission.log")
+        children.append(admission)
+        gpus = cfg.all_gpus()
+        for gpu in gpus:
+            children.append(ChildProcess(f"worker {gpu}", [
+                "worker", "--gpu", gpu, "--backend", "sim", "--config", str(cfg_path)],
+                run_dir / f"worker-{gpu}.log"))
+        for c in children:
+            c.start()
+        m = cfg.metrics
+        adm_url = f"http://{m.host}:{m.admission_port}/metrics"
+        with console.status("waiting for the admission app and the workers ..."):
+            if not wait_for_metric(adm_url, "triage_admission_ready 1.0", timeout_s=120,
+                                   proc=admission):
+                raise _failed(admission)
+            for i, c in enumerate(children[1:]):
+                url = f"http://{m.host}:{m.worker_port_base + i}/metrics"
+                if not wait_for_metric(url, "triage_worker", timeout_s=60, proc=c):
+                    raise _failed(c)
+        console.print(f"admission app ready; {len(gpus)} simulated GPUs reporting")
 
-def _ensure_broker(bootstrap: str) -> None:
-    """Start the local broker when the config points at this machine; else just check it."""
-    parts = urlsplit(f"//{bootstrap.split(',')[0]}")
-    if parts.hostname not in _LOCAL_HOSTS or parts.port is None:
-        if not broker_reachable(bootstrap, timeout_s=5.0):
-            console.print(f"[red]error:[/red] no broker answers on {bootstrap}")
+        tracker = ReplyTracker(broker.bootstrap, names, [t.name for t in cfg.tenants])
+        tracker.start()
+        driver = LoadDriver(broker.bootstrap, names, tracker)
+        arrivals = (a for a in sc.arrivals() if a.t < duration)
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                      TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                      console=console) as progress:
+            task = progress.add_task("traffic", total=duration, info="")
+
+            def report(elapsed: float, sent: int) -> None:
+                progress.update(task, completed=min(elapsed, duration),
+                                info=f"sent {sent}, waiting {tracker.outstanding()}")
+
+            driver.run(arrivals, on_progress=report,
+                       should_stop=lambda: not all(c.alive() for c in children))
+            drain_task = progress.add_task("draining", total=None, info="")
+            deadline = time.monotonic() + drain
+            while tracker.outstanding() and time.monotonic() < deadline:
+                if not all(c.alive() for c in children):
+                    break
+                progress.update(drain_task, info=f"{tracker.outstanding()} not ended yet")
+                time.sleep(0.5)
+        for c in children:
+            if not c.alive():
+                console.print(f"[red]{c.name} exited early[/]; its log:\n{c.tail()}")
+        summary = summarize(tracker.snapshot(), {t.name: t.sla_ms / 1000 for t in cfg.tenants},
+                            scrape(adm_url))
+        summary["run_dir"] = str(run_dir)
+        summary["topic_prefix"] = names.prefix
+        summary["unknown_replies"] = tracker.unknown
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        console.print(table(summary))
+        _epilogue(console, summary, cfg, cfg_path, adm_url)
+        if not summary["reconciles"]:
             raise typer.Exit(1)
-        console.print(f"[green]broker[/green]  using {bootstrap}")
-        return
-    try:
-        res = LocalBroker(port=parts.port).start()
-    except ForeignBrokerError:
-        console.print(f"[green]broker[/green]  using the broker already on {bootstrap}")
-        return
     except LocalBrokerError as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
-    how = f"started in {res.ready_s:.1f}s" if res.started else "already running"
-    console.print(f"[green]broker[/green]  Kafka {res.status.version} on {bootstrap}: {how}")
-
-
-def _round_trip(bootstrap: str, names: TopicNames, cfg: TriageConfig) -> None:
-    model = (cfg.tenants_by_name[_TENANT].models or [cfg.models[0].name])[0]
-    req = InferenceRequest(
-        request_id=f"demo-{uuid.uuid4().hex[:12]}",
-        tenant=_TENANT,
-        model=model,
-        prompt_tokens=512,
-        max_tokens=128,
-        created_at_ms=int(time.time() * 1000),
-        metadata={"source": "triage demo"},
-    )
-    problem = check_request(req, cfg, _TENANT)
-    if problem is not None:
-        console.print(f"[red]error:[/red] the sample request is invalid: {problem.detail}")
-        raise typer.Exit(1)
-    topic = names.requests(_TENANT)
-    where = _publish(bootstrap, topic, req)
-    console.print(f"[green]publish[/green] {req.request_id} -> {topic} [{where[0]}] @ {where[1]}")
-    back = _read_back(bootstrap, topic, where)
-    same = back == req
-    console.print(Panel(back.model_dump_json(indent=2), title=f"read back from {topic}"))
-    if not same:
-        console.print("[red]the message read back differs from the one sent[/red]")
-        raise typer.Exit(1)
-    console.print("[bold green]round trip ok[/bold green]: the broker, topics and schema work.")
-
-
-def _publish(bootstrap: str, topic: str, req: InferenceRequest) -> tuple[int, int]:
-    """Send one request; return the (partition, offset) the broker acknowledged."""
-    acked: list[tuple[int, int]] = []
-    failed: list[str] = []
-
-    def on_delivery(error: KafkaError | None, msg: Message) -> None:
-        if error is not None:
-            failed.append(str(error))
-        else:
-            acked.append((msg.partition() or 0, msg.offset() or 0))
-
-    producer = make_producer(bootstrap)
-    producer.produce(topic, key=req.request_id, value=req.to_bytes(), on_delivery=on_delivery)
-    producer.flush(30)
-    if failed or not acked:
-        console.print(f"[red]error:[/red] publish failed: {failed or 'no acknowledgement'}")
-        raise typer.Exit(1)
-    return acked[0]
-
-
-def _read_back(bootstrap: str, topic: str, where: tuple[int, int]) -> InferenceRequest:
-    consumer = make_consumer(bootstrap, group_id=f"triage-demo-{uuid.uuid4().hex[:8]}")
-    try:
-        consumer.assign([TopicPartition(topic, where[0], where[1])])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            msg = consumer.poll(1.0)
-            if msg is None:
-                continue
-            if msg.error():
-                raise KafkaException(msg.error())
-            return InferenceRequest.from_bytes(msg.value() or b"")
+        console.print(f"[red]cannot start Kafka:[/] {exc}")
+        raise typer.Exit(2) from None
     finally:
-        consumer.close()
-    console.print("[red]error:[/red] the request did not come back within 30 s")
-    raise typer.Exit(1)
+        if tracker is not None:
+            tracker.stop()
+        for c in reversed(children):
+            c.stop()
+        if started_broker and not keep_broker:
+            broker.stop()
+
+
+def _run_config(base: TriageConfig, *, prefix: str, bootstrap: str, run_dir: Path) -> TriageConfig:
+    data: dict[str, Any] = base.model_dump(mode="json")
+    data["kafka"]["topic_prefix"] = prefix
+    data["kafka"]["bootstrap_servers"] = bootstrap
+    data["admission"]["datadir"] = str(run_dir / "admission-data")
+    return TriageConfig.model_validate(data)
+
+
+def _failed(c: ChildProcess) -> typer.Exit:
+    Console(stderr=True).print(f"[red]{c.name} did not come up[/]; its log:\n{c.tail()}")
+    return typer.Exit(1)
+
+
+def _epilogue(console: Console, summary: dict[str, Any], cfg: TriageConfig, cfg_path: Path,
+              adm_url: str) -> None:
+    ok = "[green]yes[/]" if summary["reconciles"] else "[red]NO[/]"
+    console.print(f"sent {summary['sent']}, ended {summary['ended']}; every request ended in "
+                  f"exactly one terminal reply: {ok}")
+    console.print(f"summary: {summary['run_dir']}/summary.json (logs beside it)")
+    m = cfg.metrics
+    workers = ", ".join(f"http://{m.host}:{m.worker_port_base + i}/metrics"
+                        for i in range(len(cfg.all_gpus())))
+    console.print(f"metrics (while running): admission {adm_url}; workers {workers}. "
+                  "Grafana: `docker compose up` with ops/grafana (see docs/operations.md).")
+    console.print(f"why was a request refused? `triage audit <request-id> --config {cfg_path}`"
+                  " (ids look like rag-12)")

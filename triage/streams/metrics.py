@@ -89,6 +89,9 @@ class AdmissionMetrics:
             "triage_bucket_tokens", "Token bucket level (negative: debt).", ["tenant"],
             registry=r)
         self.gpus_up = Gauge("triage_gpus_up", "GPUs taking work, per pool.", ["pool"], registry=r)
+        self.ready = Gauge(
+            "triage_admission_ready", "1 once state is recovered and requests are read.",
+            registry=r)
 
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics over HTTP (port 0 disables)."""

@@ -125,6 +125,7 @@ class AdmissionService:
         self._done.extend(done)
         counts["done"] = len(done)
         log.info("restored admission state: %s", counts)
+        self.metrics.ready.set(1)
         return counts
 
     def add_tenant(self, tenant: TenantConfig) -> None:
