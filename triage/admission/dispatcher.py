@@ -524,7 +524,7 @@ class Dispatcher:
                     continue
                 # blocked: look past it, unless it has waited long (no starvation)
                 skipped += 1
-                aged = now - p.enqueued_at > backfill and reason is not R.TIGHTENED
+                aged = now - p.enqueued_at > backfill and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
                 if aged or skipped >= self.flags.lookahead or not self.flags.fairness:
                     break
                 entry = q.set_aside()

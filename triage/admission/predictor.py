@@ -16,6 +16,7 @@ import math
 from bisect import insort
 
 PRIOR_WEIGHT = 20.0  # pseudo-observations behind each prior
+DECODE_REF_TOKENS = 100.0  # decode observations weigh their output tokens; a prior counts this
 _SUMS = ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny")  # a CostModel's learned state
 
 
@@ -46,10 +47,12 @@ class CostModel:
         ref = 1000.0
         self.pxx = PRIOR_WEIGHT * ref * ref
         self.pxy = PRIOR_WEIGHT * ref * ref * prefill_s_per_token
-        # decode per token: y = b0 + b1 * (n - 1); priors at n = 1 and n = 17
+        # decode per token: y = b0 + b1 * (n - 1), least squares weighted by output tokens
+        # (a 1-token completion's time is mostly prefill stalls of its neighbours, a
+        # 300-token one's is its decode rate); priors at n = 1 and n = 17
         b0 = decode_s_per_token
         b1 = decode_s_per_token * batch_slowdown
-        w = PRIOR_WEIGHT / 2.0
+        w = PRIOR_WEIGHT * DECODE_REF_TOKENS / 2.0
         self.dw = 2 * w
         self.dn = w * 16.0
         self.dnn = w * 256.0
@@ -94,11 +97,12 @@ class CostModel:
         if output_tokens > 0 and decode_s >= 0.0:
             y = decode_s / output_tokens
             n = (concurrency - 1.0) if concurrency > 1.0 else 0.0
-            self.dw = self.dw * d + 1.0
-            self.dn = self.dn * d + n
-            self.dnn = self.dnn * d + n * n
-            self.dy = self.dy * d + y
-            self.dny = self.dny * d + n * y
+            w = float(output_tokens)
+            self.dw = self.dw * d + w
+            self.dn = self.dn * d + w * n
+            self.dnn = self.dnn * d + w * n * n
+            self.dy = self.dy * d + w * y
+            self.dny = self.dny * d + w * n * y
         self.observations += 1
         self._refit()
 
