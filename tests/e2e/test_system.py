@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from harness import fast_config, running
 from typer.testing import CliRunner
 
-from harness import fast_config, running
 from triage.cli.main import app
 from triage.demo.driver import LoadDriver, ReplyTracker
 from triage.kafka.clients import make_consumer, make_producer
