@@ -522,9 +522,15 @@ class Dispatcher:
                     q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
                     self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
                     continue
-                # blocked: look past it, unless it has waited long (no starvation)
+                # blocked: look past it, unless it has waited long (no starvation). Only a
+                # head short of KV holds the line: holding others back frees its memory. A
+                # head short of time (compute saturation) gains nothing from a stalled
+                # queue, and holding the line there convoys the pool behind it.
                 skipped += 1
-                aged = now - p.enqueued_at > backfill and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
+                aged = (
+                    now - p.enqueued_at > backfill
+                    and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
+                )
                 if aged or skipped >= self.flags.lookahead or not self.flags.fairness:
                     break
                 entry = q.set_aside()
