@@ -30,7 +30,7 @@ def test_decode_fit_is_not_captured_by_one_token_stalls() -> None:
         for _ in range(3):
             cm.observe(prompt_tokens=200, prefill_s=0.004, output_tokens=1,
                        decode_s=0.05 + 0.004 * n, concurrency=float(n))
-    fit_b0, fit_b1 = cm.decode_coefficients()
+    fit_b0, _ = cm.decode_coefficients()
     assert 0.5 * b0 < fit_b0 < 2.0 * b0
     # at 50 concurrent sequences the prediction stays within 2x of the truth
     truth = 100 * (b0 + b1 * 49)
