@@ -116,7 +116,9 @@ def _float(spec: dict[str, Any], key: str, where: str, default: float | None = N
     return float(v)
 
 
-def column_sample(path: Path, column: str, *, seed: int = 0, k: int = EMPIRICAL_SAMPLE) -> list[int]:
+def column_sample(
+    path: Path, column: str, *, seed: int = 0, k: int = EMPIRICAL_SAMPLE
+) -> list[int]:
     """A reservoir sample of k integer values of one CSV column (streamed)."""
     rng = random.Random(seed)
     out: list[int] = []

@@ -36,9 +36,9 @@ class TenantStats:
 
     __slots__ = (
         "admitted", "completed", "core_preemptions", "engine_preemptions", "failed",
-        "latency", "name", "queued", "queued_by_reason", "recompute_core", "recompute_engine", "rejected",
-        "rejected_by_reason", "requests", "series", "sla_met", "timed_out", "tokens_completed",
-        "tokens_met", "ttft", "unfinished", "wait", "weight",
+        "latency", "name", "queued", "queued_by_reason", "recompute_core", "recompute_engine",
+        "rejected", "rejected_by_reason", "requests", "series", "sla_met", "timed_out",
+        "tokens_completed", "tokens_met", "ttft", "unfinished", "wait", "weight",
     )  # fmt: skip
 
     def __init__(self, name: str, weight: float, series: TimeSeries) -> None:
@@ -160,7 +160,9 @@ def combine(stats: list[TenantStats], series: TimeSeries) -> TenantStats:
     return total
 
 
-def water_fill(demand: dict[str, float], weights: dict[str, float], capacity: float) -> dict[str, float]:
+def water_fill(
+    demand: dict[str, float], weights: dict[str, float], capacity: float
+) -> dict[str, float]:
     """Weighted max-min shares of `capacity`: min(demand, weight x level), filled."""
     alloc = dict.fromkeys(demand, 0.0)
     left = capacity

@@ -36,6 +36,7 @@ _FIELDS = {
     "time_format",
 }
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+_EPOCH_DAY = date(1970, 1, 1).toordinal()  # ISO times become Unix seconds (zone-less = UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +101,17 @@ class _IsoClock:
         if len(s) >= 19 and s[10] in " T" and not any(c in rest for c in "Z+-"):
             day = self._days.get(s[:10])
             if day is None:
-                day = self._days[s[:10]] = date.fromisoformat(s[:10]).toordinal() * 86400.0
+                day = self._days[s[:10]] = (
+                    date.fromisoformat(s[:10]).toordinal() - _EPOCH_DAY
+                ) * 86400.0
             return day + int(s[11:13]) * 3600 + int(s[14:16]) * 60 + float(s[17:])
         head, dot, frac = s.partition(".")
         if dot:  # fromisoformat takes at most 6 fractional digits
-            digits = "".join(c for c in frac if c.isdigit())
-            s = f"{head}.{digits[:6]}{frac[len(digits):]}"
+            n = len(frac) - len(frac.lstrip("0123456789"))
+            s = f"{head}.{frac[:min(n, 6)]}{frac[n:]}"
         dt = datetime.fromisoformat(s)
-        base = dt.toordinal() * 86400.0 + dt.hour * 3600 + dt.minute * 60 + dt.second
+        base = (dt.toordinal() - _EPOCH_DAY) * 86400.0 + dt.hour * 3600 + dt.minute * 60
+        base += dt.second
         off = dt.utcoffset()
         return base + dt.microsecond / 1e6 - (off.total_seconds() if off else 0.0)
 
