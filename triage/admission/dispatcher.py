@@ -284,6 +284,8 @@ class Dispatcher:
         reason: ReasonCode, out: list[Decision],
     ) -> None:
         self.ledger.reserve(slot, p.model, p.tenant, p.kv_bytes)
+        if p.overage and reason is R.ADMITTED:
+            reason = R.ADMITTED_OVERAGE
         p.gpu = slot
         p.dispatched_at = now
         p.predicted_raw_s = raw

@@ -96,6 +96,36 @@ def run(
     }
 
 
-if __name__ == "__main__":
-    import json
-    print(json.dumps(run(), indent=1))
+def scaling(*, decisions: int = 10_000, seed: int = 1) -> list[dict[str, Any]]:
+    """Per-decision cost as each dimension grows alone around 64 GPUs x 100 tenants x 500
+    queued: the curve should stay flat or grow like a logarithm."""
+    grid = [(g, 100, 500) for g in (16, 64, 256)]
+    grid += [(64, t, 500) for t in (10, 1000)]
+    grid += [(64, 100, q) for q in (100, 2000)]
+    out = []
+    for gpus, tenants, queue in grid:
+        r = run(gpus=gpus, tenants=tenants, queue=queue, decisions=decisions, seed=seed)
+        out.append({"gpus": gpus, "tenants": tenants, "queue": queue,
+                    "median_us": round(r["median_us"], 2), "p99_us": round(r["p99_us"], 2)})
+    return out
+
+
+def report(*, decisions: int = 50_000, scaling_decisions: int = 10_000) -> dict[str, Any]:
+    """The JSON object `triage bench core` prints."""
+    main = run(decisions=decisions)
+    return {
+        "decisions_per_s": round(main["decisions_per_s"]),
+        "median_us": round(main["median_us"], 2),
+        "p99_us": round(main["p99_us"], 2),
+        "gpus": main["gpus"], "tenants": main["tenants"], "queue": main["queue"],
+        "decisions": decisions,
+        "compiled": compiled(),
+        "scaling": scaling(decisions=scaling_decisions),
+    }
+
+
+def compiled() -> bool:
+    """Whether the core runs as mypyc-compiled extension modules."""
+    import triage.admission.dispatcher as d
+
+    return not str(d.__file__).endswith(".py")
