@@ -11,7 +11,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.triage-installed
 KAFKA_PORT ?= 9092
 
-.PHONY: help install test demo lint broker-up broker-down clean distclean
+NATIVE := $(VENV)/.triage-compiled
+CORE_SOURCES := $(wildcard triage/admission/*.py) setup.py
+
+.PHONY: help install compile test demo lint broker-up broker-down clean distclean
 
 help: ## List the targets.
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -22,7 +25,16 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 
-install: $(STAMP) ## Create .venv, install triage with dev deps, fetch Kafka's jars (once).
+$(NATIVE): $(STAMP) $(CORE_SOURCES)
+	@rm -rf build triage/admission/*.so triage/admission/*.so.stale
+	@echo "compiling the admission core with mypyc (pure Python runs if this fails) ..."
+	@TRIAGE_COMPILE=1 $(BIN)/python setup.py -q build_ext --inplace >$(VENV)/mypyc.log 2>&1 \
+	  && touch triage/admission/*.so $@ \
+	  || echo "mypyc build failed (see $(VENV)/mypyc.log): running pure Python"
+
+compile: $(NATIVE) ## Compile the admission core with mypyc (again after editing it).
+
+install: $(STAMP) $(NATIVE) ## Create .venv, install deps, compile the core, fetch Kafka's jars.
 	@$(BIN)/triage kafka install
 
 broker-up: install ## Start the local Kafka broker on KAFKA_PORT (default 9092); idempotent.
@@ -45,8 +57,9 @@ lint: install ## ruff and mypy only.
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-clean: ## Remove caches and local run output (keeps .venv and the broker's data).
+clean: ## Remove caches, local run output and the compiled core (keeps .venv, Kafka's data).
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist var reports demo-out
+	rm -f triage/admission/*.so triage/admission/*.so.stale $(NATIVE)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 
 distclean: broker-down clean ## Also remove .venv (Kafka's jars and data stay in ~/.cache/triage).
