@@ -69,8 +69,8 @@ class PoolQueue:
             lane = self._lanes[lane_key] = []
         entry = (0, float(p.seq), p.seq, p) if self.fifo else (p.cls, p.deadline, p.seq, p)
         heapq.heappush(lane, entry)
-        if lane[0] is entry:
-            self._touch_lane(lane_key, service)
+        if lane[0][2] == p.seq:  # it became the lane's head (compare seqs, not identity:
+            self._touch_lane(lane_key, service)  # compiled code re-boxes tuples)
         heapq.heappush(self._expiry, (p.expires_at, p.seq, p))
 
     def _valid(self, p: Pending, seq: int) -> bool:
