@@ -34,7 +34,7 @@ def test_every_request_ends_in_exactly_one_outcome(policy: str) -> None:
         assert m["unfinished"] == 0
         total += m["requests"]
     assert total == r.arrivals
-    assert not sim._live and not sim._by_key  # nothing per-request survives the run
+    assert sim.live_requests == 0  # nothing per-request survives the run
     for d in sim.core.dispatchers.values():
         assert not d.inflight and len(d.queue) == 0
 
@@ -43,12 +43,9 @@ def test_every_request_ends_in_exactly_one_outcome(policy: str) -> None:
 def test_memory_fit_policies_never_overflow_a_kv_budget(policy: str) -> None:
     sc = scenario(duration_s=40.0, rate_a=10.0, rate_b=6.0)
     _, pc = resolve(sc, policy)
-    sim = Simulator(sc.config, sc.arrivals(), policy=pc, options=sc.options())
     worst = {"ledger": 0.0, "engine": 0.0}
-    settle = sim._settle
 
-    def checked(now: float) -> None:
-        settle(now)
+    def checked(now: float) -> None:  # after every event
         for d in sim.core.dispatchers.values():
             for slot in d.ledger.slots:
                 worst["ledger"] = max(worst["ledger"], slot.used / slot.budget)
@@ -56,7 +53,7 @@ def test_memory_fit_policies_never_overflow_a_kv_budget(policy: str) -> None:
             e = g.engine
             worst["engine"] = max(worst["engine"], e.kv_used_bytes / e.kv_budget_bytes)
 
-    sim._settle = checked  # type: ignore[method-assign]
+    sim = Simulator(sc.config, sc.arrivals(), policy=pc, options=sc.options(), on_event=checked)
     r = sim.run()
     assert worst["ledger"] <= 1.0
     assert worst["engine"] <= 1.0
@@ -84,16 +81,13 @@ def test_reject_only_never_queues_and_admit_all_never_rejects() -> None:
     seen: dict[str, set[Outcome]] = {}
     for policy in ("reject_only", "admit_all"):
         _, pc = resolve(sc, policy)
-        sim = Simulator(sc.config, sc.arrivals(), policy=pc, options=sc.options())
         outcomes: set[Outcome] = set()
-        apply = sim._apply
 
-        def spy(decisions: list[Any], now: float, apply: Any = apply,
-                outcomes: set[Outcome] = outcomes) -> None:
+        def spy(decisions: list[Any], now: float, outcomes: set[Outcome] = outcomes) -> None:
             outcomes.update(d.outcome for d in decisions)
-            apply(decisions, now)
 
-        sim._apply = spy  # type: ignore[method-assign]
+        sim = Simulator(sc.config, sc.arrivals(), policy=pc, options=sc.options(),
+                        on_decisions=spy)
         r = sim.run()
         seen[policy] = outcomes
         if policy == "reject_only":

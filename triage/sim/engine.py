@@ -51,6 +51,8 @@ ACCEPT, QUEUE, REJECT, TIMEOUT, PREEMPT, COMPLETE = (
     Outcome.COMPLETE,
 )
 ProgressFn = Callable[[float, int], None]  # (virtual now, arrivals so far)
+DecisionsFn = Callable[[list[Decision], float], None]  # every batch the core returns, with now
+EventFn = Callable[[float], None]  # after each event is fully handled, with its time
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,7 +115,12 @@ class Simulator:
         self, config: TriageConfig, arrivals: Iterable[Arrival], *,
         policy: PolicyConfig | None = None, options: SimOptions | None = None,
         scenario: str = "", policy_name: str | None = None, progress: ProgressFn | None = None,
+        on_decisions: DecisionsFn | None = None, on_event: EventFn | None = None,
     ) -> None:
+        # on_decisions / on_event: probes for tests and experiments (audit every decision,
+        # check invariants after every event); they must not change the simulator.
+        self.on_decisions = on_decisions
+        self.on_event = on_event
         self.config = config
         self.options = opts = options or SimOptions()
         self.policy = policy or config.policy
@@ -161,12 +168,16 @@ class Simulator:
         next_sample = self.series.interval
         heap = self._heap
         live = self._live
+        dirty = self._dirty
         it = iter(self._arrivals)
         nxt = next(it, None)
         last_arrival = 0.0
         every = self.options.progress_every
         pending_progress = every
+        probe = self.on_event
         while True:
+            if probe is not None:
+                probe(self.now)
             ta = nxt.t if nxt is not None else INF
             if nxt is None and not live:
                 break
@@ -178,9 +189,15 @@ class Simulator:
                     continue
                 g.sched = INF
                 self.now = t
-                g.dirty = True
-                self._dirty.append(g)
-                self._settle(t)
+                eng = g.engine
+                for fs in eng.advance(t):
+                    self._finish(fs, t)
+                te = eng.next_event_time()
+                if te is not None and te < g.sched:
+                    g.sched = te
+                    heapq.heappush(heap, (te, idx))
+                if dirty:
+                    self._settle(t)
             elif next_sample <= ta and next_sample <= next_tick:
                 self._sample(next_sample)
                 dt = self.series.interval
@@ -188,7 +205,8 @@ class Simulator:
             elif next_tick <= ta:
                 now = self.now = next_tick
                 self._apply(core.tick(now), now)
-                self._settle(now)
+                if dirty:
+                    self._settle(now)
                 tick_k += 1
                 if not live and nxt is not None and self._relaxed():
                     tick_k = max(tick_k, int(ta / tick_s))
@@ -201,7 +219,8 @@ class Simulator:
                 now = self.now = ta
                 last_arrival = ta
                 self._arrive(nxt, now)
-                self._settle(now)
+                if dirty:
+                    self._settle(now)
                 nxt = next(it, None)
                 pending_progress -= 1
                 if pending_progress <= 0 and self.progress is not None:
@@ -211,6 +230,11 @@ class Simulator:
         if self.progress is not None:
             self.progress(self.now, self.arrivals)
         return build_result(self, wall_s=time.perf_counter() - wall0)
+
+    @property
+    def live_requests(self) -> int:
+        """Requests (and engine attempts) the simulator still holds: 0 after a run."""
+        return len(self._live) + len(self._by_key)
 
     def _relaxed(self) -> bool:
         return not any(
@@ -245,6 +269,8 @@ class Simulator:
     def _apply(self, decisions: list[Decision], now: float) -> None:
         """Carry out the core's decisions (more may be appended while iterating)."""
         self.decisions += len(decisions)
+        if self.on_decisions is not None:
+            self.on_decisions(decisions, now)
         live = self._live
         i = 0
         while i < len(decisions):

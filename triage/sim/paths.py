@@ -28,7 +28,11 @@ def search_dirs(base: Path | None = None) -> list[Path]:
     if env:
         dirs.append(Path(env))
     dirs += [REPO_DIR, REPO_DIR.parent, PACKAGE_DIR]
-    return dirs
+    unique: list[Path] = []
+    for d in dirs:
+        if d.resolve() not in (u.resolve() for u in unique):
+            unique.append(d)
+    return unique
 
 
 def resolve_path(name: str, *, base: Path | None = None) -> Path:

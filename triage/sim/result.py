@@ -60,7 +60,7 @@ def build_result(sim: Simulator, *, wall_s: float) -> SimResult:
     gpu_s = ngpus * makespan
     stats = list(sim.tenants.values())
     total = combine(stats, sim.series)
-    conserved = all(s.requests == s.terminal for s in stats) and not sim._live
+    conserved = all(s.requests == s.terminal for s in stats) and sim.live_requests == 0
     tenants = {s.name: s.summary(gpu_s) for s in stats}
     overall = total.summary(gpu_s)
     jain, gap, ratios = fairness(
