@@ -165,7 +165,10 @@ def sim(
     if json_out:
         sys.stdout.write(json.dumps(cmp.to_dict(), indent=1, default=str) + "\n")
     else:
-        Console().print(_table(cmp))
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=160)
+        out.print(_table(cmp))
 
 
 def _fields(sc: Scenario) -> dict[str, Any]:
