@@ -90,18 +90,22 @@ class SimBackend(Backend):
         self._pending: dict[str, asyncio.Future[FinishedSequence]] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self._busy_mark = (0.0, 0.0)  # (sim time, busy seconds) at the last load()
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
         if self._task is None:
+            self._closing = False
             self._t0 = self._clock()
             self._task = asyncio.create_task(self._engine_loop(), name=f"sim-{self.gpu.gpu_id}")
 
     async def close(self) -> None:
         for wid in list(self._pending):
             await self.abort(wid)
+        self._closing = True
+        self._wake.set()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -180,13 +184,15 @@ class SimBackend(Backend):
         return now
 
     async def _engine_loop(self) -> None:
-        while True:
+        # asyncio.timeout, not wait_for: 3.11's wait_for drops a cancel that races a wake-up.
+        while not self._closing:
             now = self._pump()
             nxt = self.gpu.next_event_time()
             self._wake.clear()
-            timeout = None if nxt is None else max(0.0, (nxt - now) * self.time_scale)
+            delay = None if nxt is None else max(0.0, (nxt - now) * self.time_scale)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                async with asyncio.timeout(delay):
+                    await self._wake.wait()
 
 
 def _failed(error: str, started_ms: int) -> AttemptResult:
