@@ -116,3 +116,16 @@ def test_metric_structures_have_fixed_size() -> None:
     # merged counters keep their totals
     served = sum(sum(r.series.counter("served:" + t)) for t in ("a", "b"))
     assert served == pytest.approx(r.overall["tokens_completed"])
+
+
+def test_recorded_request_ids_are_kept_for_replay() -> None:
+    from tests.unit._sim_factory import sim_config
+    from triage.admission.decision import Decision
+    from triage.sim.workload import Arrival
+
+    arrivals = [Arrival(0.1 * i, "a", "m8", 100, 20, 10, None, f"rec-{i}") for i in range(20)]
+    seen: list[Decision] = []
+    r = Simulator(sim_config(), arrivals,
+                  on_decisions=lambda ds, now: seen.extend(ds)).run()
+    assert r.conserved and r.arrivals == 20
+    assert {d.request_id for d in seen} == {f"rec-{i}" for i in range(20)}

@@ -254,7 +254,9 @@ class Simulator:
     # --- arrivals and decisions -----------------------------------------------------
     def _arrive(self, a: Arrival, now: float) -> None:
         self.arrivals += 1
-        rid = f"r{self.arrivals}"
+        rid = a.request_id or f"r{self.arrivals}"
+        if rid in self._live:
+            raise SimError(f"request id {rid!r} arrived twice while live (dedupe a replay first)")
         stats = self.tenants[a.tenant]
         stats.arrive(now, a.prompt_tokens + a.output_tokens)
         sla = a.sla_s if a.sla_s is not None else self._sla[a.tenant]

@@ -33,6 +33,7 @@ class Arrival(NamedTuple):
     max_tokens: int  # >= 1: what admission reserves KV for
     output_tokens: int  # 1..max_tokens: what the GPU will really generate
     sla_s: float | None = None  # per-request SLA (None: the tenant's)
+    request_id: str | None = None  # a recorded id to keep (replay); None: numbered r1, r2..
 
 
 def shape(prompt: int, max_tokens: int, output: int, context: int) -> tuple[int, int, int]:
