@@ -35,19 +35,27 @@ def test_every_builder_round_trips_through_the_strict_parser() -> None:
     assert {Outcome.ACCEPT, Outcome.REJECT, Outcome.QUEUE, Outcome.COMPLETE} <= outcomes
     d = core.dispatchers["p"]
     for dec in seen:
-        assert DecisionRecord.from_bytes(codec.decision_record(dec).to_bytes())
-        assert Reply.from_bytes(codec.reply_for(dec, text="t").to_bytes())
+        rec = DecisionRecord.from_bytes(codec.decision_record(dec))
+        assert (rec.request_id, rec.outcome, rec.reason) == (dec.request_id, dec.outcome,
+                                                             dec.reason)
+        reply = Reply.from_bytes(codec.reply_bytes(codec.reply_for(dec, text="t")))
+        assert reply.request_id == dec.request_id
         control = codec.control_for(dec)
         if control is not None:
             assert ControlMessage.from_bytes(control.to_bytes())
         p = d.inflight.get(dec.request_id) or d.queue.members.get(dec.request_id)
         if dec.outcome is Outcome.ACCEPT and p is not None:
-            item = codec.work_item(dec, p, prompt="x", metadata={"k": "v"})
-            assert WorkItem.from_bytes(item.to_bytes()) == item
+            gpu, raw = codec.work_item(dec, p, prompt="x", metadata={"k": "v"})
+            item = WorkItem.from_bytes(raw)
+            assert (item.gpu_id, item.attempt, item.metadata) == (gpu, p.attempt, {"k": "v"})
         if p is not None:
+            done = codec.finished_record(
+                codec.live_record(p, LiveState.RUNNING, prompt="x", metadata={},
+                                  last_reply=None, now=2.0), codec.reply_for(dec), 4.0)
+            assert LiveRequest.from_bytes(done).state is LiveState.DONE
             rec = codec.live_record(p, LiveState.QUEUED, prompt=None, metadata={},
                                     last_reply=codec.reply_for(dec), now=3.0)
-            back = LiveRequest.from_bytes(rec.to_bytes())
+            back = LiveRequest.from_bytes(rec)
             q = codec.pending_from(back)
             assert (q.request_id, q.attempt, q.deadline, q.expected_tokens) == (
                 p.request_id, p.attempt, p.deadline, p.expected_tokens)

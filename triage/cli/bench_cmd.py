@@ -63,3 +63,28 @@ def core(
     for row in out["scaling"]:
         typer.echo(f"  {row['gpus']:>4} GPUs {row['tenants']:>5} tenants {row['queue']:>5} "
                    f"queued: median {row['median_us']} us, p99 {row['p99_us']} us")
+
+
+@app.command("pipeline")
+def pipeline(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    latency_rate: float = typer.Option(1000.0, help="Offered requests/s in the latency phase."),
+    latency_requests: int = typer.Option(15_000, min=100, help="Requests in the latency phase."),
+    burst_requests: int = typer.Option(30_000, min=100, help="Requests offered flat out."),
+    gpus: int = typer.Option(2, min=1, help="Simulated GPUs (one worker process each)."),
+) -> None:
+    """The admission app on the local broker with simulated workers: p50/p99 from a
+    request's produce to its decision record at a steady offered rate, then the decisions
+    per second it sustains when requests are offered flat out."""
+    from triage.bench.pipeline import run
+
+    out = run(latency_rate=latency_rate, latency_requests=latency_requests,
+              burst_requests=burst_requests, gpus=gpus)
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(
+        f"sustained {out['requests_per_s']} requests/s (offered {out['offered_per_s']}/s); "
+        f"at {out['latency_offered_per_s']}/s offered: p50 {out['p50_ms']} ms, "
+        f"p99 {out['p99_ms']} ms (produce to decision record)"
+    )

@@ -1,26 +1,26 @@
 """Translations between the core's objects and the wire's messages. Pure functions.
 
-Outgoing messages are built with `model_construct` (no validation): their values come
-from the core, whose types are already right, and validation was most of their cost.
-Tests round-trip every builder through the validating parser."""
+Outgoing messages on the hot path are written as JSON straight from the core's values:
+no pydantic object is built (constructing one, even without validation, cost more than
+the decision itself). The schemas stay the contract: tests parse every builder's output
+with the validating models (tests/unit/test_codec.py)."""
 
 from __future__ import annotations
 
 import math
+from typing import Any
+
+import orjson
 
 from triage.admission.decision import Decision, ScaleEvent
 from triage.admission.pending import Pending
 from triage.topics.messages import (
     ControlKind,
     ControlMessage,
-    DecisionInputs,
-    DecisionRecord,
     LiveRequest,
     LiveState,
-    Reply,
     ScaleDirection,
     ScaleSignal,
-    WorkItem,
 )
 from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
 
@@ -49,56 +49,70 @@ def _num(x: float | None) -> float | None:
     return None if x is None or not math.isfinite(x) else x
 
 
-def decision_record(d: Decision) -> DecisionRecord:
-    """The audit log's line for a decision."""
-    return DecisionRecord.model_construct(
-        request_id=d.request_id, tenant=d.tenant, model=d.model, pool=d.pool,
-        outcome=d.outcome, reason=d.reason, gpu_id=d.gpu_id, predicted_s=_num(d.predicted_s),
-        queue_wait_ms=None if d.queue_wait_s is None else d.queue_wait_s * 1000.0,
-        retry_after_ms=retry_ms(d.retry_after_s), policy=d.policy,
-        policy_version=d.policy_version, at_ms=ms(d.at),
-        inputs=DecisionInputs.model_construct(
-            request_tokens=_num(d.request_tokens), bucket_level=_num(d.bucket_level),
-            bucket_burst=_num(d.bucket_burst), bucket_debt_ceiling=_num(d.bucket_debt_ceiling),
-            kv_bytes_needed=d.kv_bytes_needed, kv_bytes_available=d.kv_bytes_available,
-            predicted_s=_num(d.predicted_s), variance_buffer=_num(d.variance_buffer),
-            sla_s=_num(d.sla_s), slack_s=_num(d.slack_s), queue_position=d.queue_position,
-            queue_depth=d.queue_depth, tenant_service=_num(d.tenant_service),
-            overage=d.overage, utilization=_num(d.utilization), tightened=d.tightened,
-            recompute_tokens=d.recompute_tokens, detail=d.detail,
-        ),
-    )
+def _dumps(data: dict[str, Any]) -> bytes:
+    """Compact JSON without the None fields (as Message.to_bytes writes it)."""
+    return orjson.dumps({k: v for k, v in data.items() if v is not None})
 
 
-def reply_for(d: Decision, *, text: str | None = None) -> Reply:
-    """What the tenant is told about a decision."""
+def decision_record(d: Decision) -> bytes:
+    """The audit log's line for a decision (a DecisionRecord, as JSON)."""
+    inputs = {
+        "request_tokens": _num(d.request_tokens), "bucket_level": _num(d.bucket_level),
+        "bucket_burst": _num(d.bucket_burst), "bucket_debt_ceiling": _num(d.bucket_debt_ceiling),
+        "kv_bytes_needed": d.kv_bytes_needed, "kv_bytes_available": d.kv_bytes_available,
+        "predicted_s": _num(d.predicted_s), "variance_buffer": _num(d.variance_buffer),
+        "sla_s": _num(d.sla_s), "slack_s": _num(d.slack_s), "queue_position": d.queue_position,
+        "queue_depth": d.queue_depth, "tenant_service": _num(d.tenant_service),
+        "overage": d.overage, "utilization": _num(d.utilization), "tightened": d.tightened,
+        "recompute_tokens": d.recompute_tokens, "detail": d.detail,
+    }
+    return _dumps({
+        "request_id": d.request_id, "tenant": d.tenant, "model": d.model, "pool": d.pool,
+        "outcome": d.outcome.value, "reason": d.reason.value, "gpu_id": d.gpu_id,
+        "predicted_s": _num(d.predicted_s),
+        "queue_wait_ms": None if d.queue_wait_s is None else d.queue_wait_s * 1000.0,
+        "retry_after_ms": retry_ms(d.retry_after_s), "policy": d.policy,
+        "policy_version": d.policy_version, "at_ms": ms(d.at),
+        "inputs": {k: v for k, v in inputs.items() if v is not None},
+    })
+
+
+def reply_for(d: Decision, *, text: str | None = None) -> dict[str, Any]:
+    """What the tenant is told about a decision (a Reply, as a JSON-ready dict)."""
     if d.outcome is Outcome.COMPLETE:
         status = ReplyStatus.COMPLETED if d.reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
-        return Reply.model_construct(
-            request_id=d.request_id, tenant=d.tenant, status=status, reason=d.reason,
-            detail=d.detail, gpu_id=d.gpu_id,
-            latency_ms=None if d.latency_s is None else max(0.0, d.latency_s * 1000.0),
-            output_tokens=d.output_tokens, text=text, at_ms=ms(d.at),
-        )
-    return Reply.model_construct(
-        request_id=d.request_id, tenant=d.tenant, status=_STATUS[d.outcome], reason=d.reason,
-        detail=d.detail, retry_after_ms=retry_ms(d.retry_after_s),
-        gpu_id=d.gpu_id if d.outcome is Outcome.ACCEPT else None,
-        queue_position=d.queue_position if d.outcome is Outcome.QUEUE else None,
-        at_ms=ms(d.at),
-    )
+        return {
+            "request_id": d.request_id, "tenant": d.tenant, "status": status.value,
+            "reason": d.reason.value, "detail": d.detail, "gpu_id": d.gpu_id,
+            "latency_ms": None if d.latency_s is None else max(0.0, d.latency_s * 1000.0),
+            "output_tokens": d.output_tokens, "text": text, "at_ms": ms(d.at),
+        }
+    return {
+        "request_id": d.request_id, "tenant": d.tenant, "status": _STATUS[d.outcome].value,
+        "reason": d.reason.value, "detail": d.detail, "retry_after_ms": retry_ms(d.retry_after_s),
+        "gpu_id": d.gpu_id if d.outcome is Outcome.ACCEPT else None,
+        "queue_position": d.queue_position if d.outcome is Outcome.QUEUE else None,
+        "at_ms": ms(d.at),
+    }
 
 
-def work_item(d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str]) -> WorkItem:
-    """What the GPU's worker runs for an ACCEPT decision."""
+def reply_bytes(reply: dict[str, Any]) -> bytes:
+    return _dumps(reply)
+
+
+def work_item(
+    d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str]
+) -> tuple[str, bytes]:
+    """What the GPU's worker runs for an ACCEPT decision: (gpu_id, WorkItem JSON)."""
     assert d.gpu_id is not None
-    return WorkItem.model_construct(
-        request_id=p.request_id, attempt=p.attempt, tenant=p.tenant, model=p.model,
-        pool=p.pool, gpu_id=d.gpu_id, prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens,
-        prompt=prompt, reserved_kv_bytes=p.kv_bytes, predicted_s=max(0.0, p.predicted_s),
-        dispatched_at_ms=ms(d.at), deadline_ms=ms(p.deadline), arrived_at_ms=ms(p.arrived),
-        metadata=metadata,
-    )
+    return d.gpu_id, _dumps({
+        "request_id": p.request_id, "attempt": p.attempt, "tenant": p.tenant,
+        "model": p.model, "pool": p.pool, "gpu_id": d.gpu_id,
+        "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens, "prompt": prompt,
+        "reserved_kv_bytes": p.kv_bytes, "predicted_s": max(0.0, p.predicted_s),
+        "dispatched_at_ms": ms(d.at), "deadline_ms": ms(p.deadline),
+        "arrived_at_ms": ms(p.arrived), "metadata": metadata,
+    })
 
 
 def control_for(d: Decision) -> ControlMessage | None:
@@ -124,21 +138,33 @@ def scale_signal(e: ScaleEvent) -> ScaleSignal:
 
 def live_record(
     p: Pending, state: LiveState, *, prompt: str | None, metadata: dict[str, str],
-    last_reply: Reply | None, now: float,
-) -> LiveRequest:
-    """The table record of a live (or just finished) request."""
+    last_reply: dict[str, Any] | None, now: float,
+) -> bytes:
+    """The table record of a live (or just finished) request (a LiveRequest, as JSON)."""
     gpu = p.gpu
-    return LiveRequest.model_construct(
-        request_id=p.request_id, tenant=p.tenant, model=p.model, pool=p.pool, state=state,
-        prompt_tokens=p.prompt_tokens, max_tokens=p.max_tokens, arrived=p.arrived,
-        sla_s=p.sla_s, expected_out=p.expected_out, expected_tokens=p.expected_tokens,
-        priority_class=p.cls, overage=p.overage, pressure=p.pressure, attempt=p.attempt,
-        recompute_tokens=p.recompute_tokens, enqueued_at=p.enqueued_at,
-        expires_at=p.expires_at, timeout_reason=p.timeout_reason, idle_s=p.idle_s,
-        dispatched_at=p.dispatched_at, predicted_raw_s=p.predicted_raw_s,
-        predicted_s=p.predicted_s, gpu_id=getattr(gpu, "gpu_id", None) if gpu else None,
-        prompt=prompt, metadata=metadata, last_reply=last_reply, updated=now,
-    )
+    return _dumps({
+        "request_id": p.request_id, "tenant": p.tenant, "model": p.model, "pool": p.pool,
+        "state": state.value, "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens,
+        "arrived": p.arrived, "sla_s": p.sla_s, "expected_out": p.expected_out,
+        "expected_tokens": p.expected_tokens, "priority_class": p.cls, "overage": p.overage,
+        "pressure": p.pressure, "attempt": p.attempt, "recompute_tokens": p.recompute_tokens,
+        "enqueued_at": p.enqueued_at, "expires_at": p.expires_at,
+        "timeout_reason": p.timeout_reason, "idle_s": p.idle_s,
+        "dispatched_at": p.dispatched_at, "predicted_raw_s": p.predicted_raw_s,
+        "predicted_s": p.predicted_s, "gpu_id": getattr(gpu, "gpu_id", None) if gpu else None,
+        "prompt": prompt, "metadata": metadata,
+        "last_reply": None if last_reply is None else
+        {k: v for k, v in last_reply.items() if v is not None},
+        "updated": now,
+    })
+
+
+def finished_record(raw: bytes, last_reply: dict[str, Any], now: float) -> bytes:
+    """A stored record turned into its dedupe form: done, with the last reply, no prompt."""
+    data = orjson.loads(raw)
+    data.update(state=LiveState.DONE.value, prompt=None, updated=now,
+                last_reply={k: v for k, v in last_reply.items() if v is not None})
+    return _dumps(data)
 
 
 def pending_from(rec: LiveRequest) -> Pending:

@@ -6,6 +6,8 @@ Each AdmissionMetrics owns its registry, so tests can build several side by side
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
@@ -20,6 +22,7 @@ class AdmissionMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self.admissions = Counter(
             "triage_admissions", "Decisions by outcome and reason.",
             ["tenant", "model", "outcome", "reason"], registry=r)
@@ -92,6 +95,15 @@ class AdmissionMetrics:
         self.ready = Gauge(
             "triage_admission_ready", "1 once state is recovered and requests are read.",
             registry=r)
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, cached: prometheus-client's lookup costs microseconds
+        and the admission path touches several series per request."""
+        key = (id(metric), labels)
+        c = self._children.get(key)
+        if c is None:
+            c = self._children[key] = metric.labels(*labels)
+        return c
 
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics over HTTP (port 0 disables)."""

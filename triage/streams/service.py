@@ -138,7 +138,7 @@ class AdmissionService:
     ) -> None:
         """A message on a tenant's request topic."""
         tenant = self.names.tenant_of_request_topic(topic) or "unknown"
-        self.metrics.requests.labels(tenant).inc()
+        self.metrics.child(self.metrics.requests, tenant).inc()
         parsed = parse_request(value)
         if isinstance(parsed, Unparseable):
             self._dead_letter(topic, partition, offset, key, value, parsed.error, "gate", now)
@@ -153,7 +153,7 @@ class AdmissionService:
             self._invalid(tenant, problem, topic, partition, offset, key, value, now)
             return
         rid = req.request_id
-        known = self.store.get_request(rid)
+        known = self.store.get_request(rid) if self.store.has_request(rid) else None
         if known is not None or self.core.live(rid):
             self.metrics.duplicates.labels(tenant).inc()
             if known is not None and known.last_reply is not None:
@@ -168,7 +168,8 @@ class AdmissionService:
         d = core.dispatchers[p.pool]
         refusal = core.gate.check(p, now, tightened=d.monitor.tightened)
         decisions = [refusal] if refusal is not None else d.admit(p, now)
-        self.metrics.decision_latency.labels("request").observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.decision_latency, "request").observe(
+            time.perf_counter() - t0)
         self._dirty_buckets.add(req.tenant)
         self._side[rid] = _Side(req.prompt, dict(req.metadata))
         self._emit(decisions, now, arrival=p)
@@ -198,9 +199,10 @@ class AdmissionService:
             now=now, preempted=c.status in (CompletionStatus.PREEMPTED, CompletionStatus.CANCELLED),
             error=c.error,
         )
-        self.metrics.decision_latency.labels("completion").observe(time.perf_counter() - t0)
+        self.metrics.child(self.metrics.decision_latency, "completion").observe(
+            time.perf_counter() - t0)
         if ok and p is not None and p.attempt == c.attempt and p.predicted_raw_s > 0:
-            self.metrics.predictor_error.labels(c.model).observe(
+            self.metrics.child(self.metrics.predictor_error, c.model).observe(
                 (c.prefill_s + c.decode_s) / p.predicted_raw_s
             )
         if not decisions:  # a stale or duplicate completion: nothing will carry its text
@@ -250,65 +252,69 @@ class AdmissionService:
         names = self.names
         out = self.outbox
         m = self.metrics
+        store = self.store
         for d in decisions:
-            out.send(names.decisions, d.request_id, codec.decision_record(d))
-            m.admissions.labels(d.tenant, d.model, d.outcome.value, d.reason.value).inc()
-            p = arrival if arrival is not None and arrival.request_id == d.request_id else None
+            rid = d.request_id
+            key = rid.encode()
+            out.send_raw(names.decisions, key, codec.decision_record(d))
+            m.child(m.admissions, d.tenant, d.model, d.outcome.value, d.reason.value).inc()
+            p = arrival if arrival is not None and arrival.request_id == rid else None
             if p is None and d.pool is not None:
                 disp = self.core.dispatchers[d.pool]
-                p = disp.inflight.get(d.request_id) or disp.queue.members.get(d.request_id)
-            side = self._side.get(d.request_id)
-            text = self._texts.pop(d.request_id, None) if d.outcome is Outcome.COMPLETE else None
+                p = disp.inflight.get(rid) or disp.queue.members.get(rid)
+            side = self._side.get(rid)
+            text = self._texts.pop(rid, None) if d.outcome is Outcome.COMPLETE else None
             reply = codec.reply_for(d, text=text)
             if d.outcome is Outcome.ACCEPT and p is not None:
-                item = codec.work_item(d, p, prompt=side.prompt if side else None,
-                                       metadata=side.metadata if side else {})
-                out.send(names.gpu_work(item.gpu_id), d.request_id, item)
+                gpu, item = codec.work_item(d, p, prompt=side.prompt if side else None,
+                                            metadata=side.metadata if side else {})
+                out.send_raw(names.gpu_work(gpu), key, item)
                 if p.enqueued_at >= 0.0 and d.queue_wait_s is not None:
-                    m.queue_wait.labels(d.tenant, d.model).observe(d.queue_wait_s)
+                    m.child(m.queue_wait, d.tenant, d.model).observe(d.queue_wait_s)
+            elif d.outcome is Outcome.PREEMPT:
+                m.child(m.preemptions, d.tenant, d.model).inc()
+                m.child(m.recompute_tokens, d.tenant, d.model).inc(d.recompute_tokens or 0)
+            elif d.outcome is Outcome.QUEUE and side is not None and side.queued_for is None:
+                side.queued_for = d.reason
             control = codec.control_for(d)
             if control is not None:
-                out.send(names.gpu_control(control.gpu_id), d.request_id, control)
-            if d.outcome is Outcome.PREEMPT:
-                m.preemptions.labels(d.tenant, d.model).inc()
-                m.recompute_tokens.labels(d.tenant, d.model).inc(d.recompute_tokens or 0)
-            if d.outcome is Outcome.QUEUE and side is not None and side.queued_for is None:
-                side.queued_for = d.reason
-            out.send(names.replies(d.tenant), d.request_id, reply)
+                out.send(names.gpu_control(control.gpu_id), rid, control)
+            out.send_raw(names.replies(d.tenant), key, codec.reply_bytes(reply))
             state = _LIVE_STATE.get(d.outcome)
             if state is not None and p is not None:
-                self.store.put_request(codec.live_record(
+                store.put_request_raw(rid, codec.live_record(
                     p, state, prompt=side.prompt if side else None,
                     metadata=side.metadata if side else {}, last_reply=reply, now=now))
             else:
                 self._finish(d, p, side, reply, now)
 
     def _finish(
-        self, d: Decision, p: Pending | None, side: _Side | None, reply: Reply, now: float
+        self, d: Decision, p: Pending | None, side: _Side | None, reply: dict[str, Any],
+        now: float,
     ) -> None:
         """A terminal decision: keep a dedupe record, count SLA misses, forget the rest."""
+        m = self.metrics
         self._side.pop(d.request_id, None)
         if d.outcome is Outcome.COMPLETE:
             sla = d.sla_s
             if d.latency_s is not None:
-                self.metrics.latency.labels(d.tenant, d.model).observe(d.latency_s)
+                m.child(m.latency, d.tenant, d.model).observe(d.latency_s)
             if sla is not None and d.latency_s is not None and d.latency_s > sla:
                 self._violation(d, side)
         elif d.outcome is Outcome.TIMEOUT:
-            self.metrics.queue_timeouts.labels(d.tenant, d.model, d.reason.value).inc()
+            m.child(m.queue_timeouts, d.tenant, d.model, d.reason.value).inc()
             if d.queue_wait_s is not None:
-                self.metrics.queue_wait.labels(d.tenant, d.model).observe(d.queue_wait_s)
+                m.child(m.queue_wait, d.tenant, d.model).observe(d.queue_wait_s)
             self._violation(d, side)
         if p is not None:
             rec = codec.live_record(p, LiveState.DONE, prompt=None, metadata={},
                                     last_reply=reply, now=now)
         else:
-            prev = self.store.get_request(d.request_id)
+            prev = self.store.get_request_raw(d.request_id)
             if prev is None:
                 return
-            rec = prev.model_copy(update={"state": LiveState.DONE, "last_reply": reply,
-                                          "prompt": None, "updated": now})
-        self.store.put_request(rec)
+            rec = codec.finished_record(prev, reply, now)
+        self.store.put_request_raw(d.request_id, rec)
         self._done.append((now, d.request_id))
 
     def _violation(self, d: Decision, side: _Side | None) -> None:
@@ -319,7 +325,7 @@ class AdmissionService:
             cause = "queueing"
         else:
             cause = "compute_saturation"
-        self.metrics.sla_violations.labels(d.tenant, d.model, cause).inc()
+        self.metrics.child(self.metrics.sla_violations, d.tenant, d.model, cause).inc()
 
     def _invalid(
         self, tenant: str, problem: Invalid, topic: str, partition: int | None,

@@ -23,6 +23,12 @@ class StateStore(Protocol):
 
     def put_request(self, rec: LiveRequest) -> None: ...
 
+    def get_request_raw(self, request_id: str) -> bytes | None: ...
+
+    def put_request_raw(self, request_id: str, raw: bytes) -> None: ...
+
+    def has_request(self, request_id: str) -> bool: ...
+
     def delete_request(self, request_id: str) -> None: ...
 
     def requests(self) -> Iterator[LiveRequest]: ...
@@ -58,6 +64,16 @@ class MappingStore:
 
     def put_request(self, rec: LiveRequest) -> None:
         self._requests[rec.request_id] = rec.to_bytes()
+
+    def get_request_raw(self, request_id: str) -> bytes | None:
+        raw = self._requests.get(request_id)
+        return None if raw is None else bytes(raw)
+
+    def put_request_raw(self, request_id: str, raw: bytes) -> None:
+        self._requests[request_id] = raw
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
 
     def delete_request(self, request_id: str) -> None:
         if request_id in self._requests:
