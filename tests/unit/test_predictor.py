@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import random
 
-from triage.admission.predictor import CostModel, OutputRatio, VarianceBuffer
+from triage.admission.predictor import CostModel, OutputRatio, VarianceBuffer, WorkloadPredictor
 
 
 def test_priors_predict_before_any_completion() -> None:
@@ -69,3 +69,49 @@ def test_fixed_buffer_does_not_adapt() -> None:
     for _ in range(200):
         vb.observe(3.0, 1.0)
     assert vb.value == 1.0
+
+
+def _predictor(**kw: float) -> WorkloadPredictor:
+    return WorkloadPredictor(
+        model_priors={"small": (2e-5, 0.008, 0.0), "big": (8e-5, 0.03, 0.0)},
+        gpu_speed={"H200": 1.0}, tenant_priors={"t": 1.0}, min_samples=20,
+        half_life=50, **kw,  # type: ignore[arg-type]
+    )
+
+
+def _complete(p: WorkloadPredictor, model: str, per_token: float, n: int = 1) -> None:
+    p.observe(tenant="t", model=model, gpu_type="H200", prompt_tokens=100, output_tokens=100,
+              max_tokens=100, prefill_s=0.0, decode_s=100 * per_token, concurrency=n,
+              expected_out=100.0, dispatch_concurrency=n)
+
+
+def test_buffer_forgets_the_errors_of_a_cold_fit() -> None:
+    """300 requests dispatched under a prior 4x too fast complete: each is compared with
+    the fit as it stands, so the buffer holds the fit's lag (< 2), not the prior's error
+    (4 on every one, which refused everything as infeasible and never recovered)."""
+    p = _predictor()
+    for _ in range(300):
+        _complete(p, "small", 0.032)
+    assert p.cost_model("small", "H200").predict(0, 100, 1.0) > 3.0
+    assert 1.0 < p.buffer_value("small") < 2.0
+
+
+def test_buffers_are_per_model_and_capped() -> None:
+    p = _predictor(max_buffer=2.0)
+    rng = random.Random(1)
+    for _ in range(300):  # the big model's timing swings 1x..8x around its fit
+        _complete(p, "big", 0.03 * rng.choice([1.0, 1.0, 8.0]))
+    assert p.buffer_value("big") == 2.0  # capped: past it the fit is wrong, not noisy
+    assert p.buffer_value("small") == 1.3  # untouched by the other model's errors
+    assert p.variance_buffer == 2.0
+
+
+def test_snapshot_restores_per_model_buffers() -> None:
+    p = _predictor()
+    rng = random.Random(2)
+    for _ in range(100):
+        _complete(p, "big", 0.03 * rng.uniform(0.8, 1.6))
+    q = _predictor()
+    q.restore(p.snapshot())
+    assert q.buffer_value("big") == p.buffer_value("big")
+    assert q.buffer_value("small") == 1.3

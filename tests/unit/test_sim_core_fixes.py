@@ -1,4 +1,4 @@
-"""Two core fixes the simulator found (see the sim report): each test fails on the
+"""Core fixes the simulator found (see the sim report): each test fails on the
 code before its fix.
 
 1. The decode-cost fit weighs each completion by its output tokens: a 1-token
@@ -61,3 +61,29 @@ def test_compute_blocked_head_does_not_convoy_the_queue() -> None:
     started = [x.request_id for x in core.tick(now) if x.outcome is Outcome.ACCEPT]
     assert "b-late" in started
     assert "a0" in core.dispatchers["p"].queue.members
+
+
+def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
+    """An aged head short of KV holds the line, but only for memory it could get: a
+    small model's request that fits inside the small model's own floor still starts
+    (the multi-model scenario's chat waited behind 70B documents and timed out)."""
+    cfg = config(
+        tenants=[tenant("docs", sla_ms=600_000, max_queue_wait_ms=60_000, weight=100.0),
+                 tenant("chat", sla_ms=60_000, max_queue_wait_ms=60_000, weight=0.01)],
+        models=[model("big", layers=80), model("small", reserved_kv_gib_per_gpu=1.0)],
+        gpus=1, kv_budget_gib=4.0,
+        policy={"preset": "full", "preemption": False, "variance_buffer": 1.0},
+    )
+    core = AdmissionCore(cfg)
+    # chat runs one request and, at its tiny weight, ranks behind docs in the queue
+    assert core.submit("c0", "chat", "small", 100, 100, 0.0)[0].outcome is Outcome.ACCEPT
+    for i in range(2):  # two documents take the big model's share of the GPU
+        assert core.submit(f"d{i}", "docs", "big", 4000, 800, 1.0)[0].outcome is Outcome.ACCEPT
+    d = core.submit("d-wait", "docs", "big", 4000, 800, 1.0)[0]
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.GPU_MEMORY_INSUFFICIENT)
+    core.tick(5.0)  # the head has waited past backfill_s: it now holds the line
+    d = core.submit("chat-late", "chat", "small", 100, 100, 5.0)[0]
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.QUEUED_BEHIND)
+    started = [x.request_id for x in core.tick(5.1) if x.outcome is Outcome.ACCEPT]
+    assert started == ["chat-late"]  # inside the small model's floor: started
+    assert "d-wait" in core.dispatchers["p"].queue.members

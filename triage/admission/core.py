@@ -33,6 +33,7 @@ def build_predictor(config: TriageConfig, flags: PolicyFlags) -> WorkloadPredict
         min_samples=pc.min_samples,
         half_life=pc.learning_half_life,
         fixed_buffer=flags.variance_buffer,
+        max_buffer=pc.max_variance_buffer,
     )
 
 

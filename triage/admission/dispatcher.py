@@ -31,6 +31,9 @@ ACCEPT, QUEUE, REJECT, TIMEOUT, PREEMPT, COMPLETE = (
 )
 R = ReasonCode
 PREEMPT_CANDIDATES = 4
+# Preemption frees KV memory; a head short of time gains little from one fewer
+# neighbour and the victim pays its prefill again, so only memory shortage preempts.
+PREEMPT_FOR = (R.GPU_MEMORY_INSUFFICIENT, R.RESERVATION_FLOOR)
 _MEMORY_REASONS = frozenset(
     {R.GPU_MEMORY_INSUFFICIENT, R.RESERVATION_FLOOR, R.NO_CAPACITY, R.TIGHTENED}
 )
@@ -228,17 +231,20 @@ class Dispatcher:
         return largest
 
     def _idle_prediction(self, p: Pending) -> float:
-        """Buffered predicted time on an idle GPU (a pool holds one GPU type)."""
+        """Predicted time on an idle GPU (a pool holds one GPU type), with at most the
+        initial buffer: the learned buffer prices the spread of loaded GPUs, and applying
+        it here would refuse as infeasible requests an idle GPU serves in time."""
         slots = self.ledger.slots
         if not slots:
             return 0.0
         t = slots[0].costs[p.model].predict(p.prompt_tokens, p.expected_out, 1.0)
-        fixed = self.flags.variance_buffer
-        return t * (fixed if fixed is not None else self.predictor.buffer.value)
+        b = self._buffer(p.model)
+        initial = self.predictor.initial_buffer
+        return t * (b if b < initial else initial)
 
-    def _buffer(self) -> float:
+    def _buffer(self, model: str) -> float:
         fixed = self.flags.variance_buffer
-        return fixed if fixed is not None else self.predictor.buffer.value
+        return fixed if fixed is not None else self.predictor.buffer_value(model)
 
     # --- the checks -----------------------------------------------------------------
     def _fit(self, p: Pending, now: float) -> tuple[GpuSlot | None, ReasonCode, float, float]:
@@ -263,7 +269,7 @@ class Dispatcher:
             ):
                 return None, R.TIGHTENED, 0.0, 0.0
         raw = slot.costs[p.model].predict(p.prompt_tokens, p.expected_out, slot.running + 1.0)
-        pred = raw * self._buffer()
+        pred = raw * self._buffer(p.model)
         if flags.sla_fit and now + pred > p.deadline:
             return None, R.COMPUTE_SATURATION, raw, pred
         return slot, R.ADMITTED, raw, pred
@@ -283,6 +289,7 @@ class Dispatcher:
         self, p: Pending, slot: GpuSlot, raw: float, pred: float, now: float,
         reason: ReasonCode, out: list[Decision],
     ) -> None:
+        p.dispatch_n = slot.running + 1.0
         self.ledger.reserve(slot, p.model, p.tenant, p.kv_bytes)
         if p.overage and reason is R.ADMITTED:
             reason = R.ADMITTED_OVERAGE
@@ -304,8 +311,8 @@ class Dispatcher:
             p.request_id, t, p.model, self.pool, ACCEPT, reason, now, p.attempt, slot.gpu_id,
             pred, (now - p.enqueued_at) if p.enqueued_at >= 0.0 else 0.0, None, flags.name,
             flags.version, p.expected_tokens, None, None, None, p.kv_bytes, None,
-            self._buffer(), p.sla_s, p.deadline - now, None, None, None, p.overage, None, None,
-            p.recompute_tokens or None, None, None, None,
+            self._buffer(p.model), p.sla_s, p.deadline - now, None, None, None, p.overage,
+            None, None, p.recompute_tokens or None, None, None, None,
         ))
 
     def _queue_or_refuse(
@@ -365,7 +372,7 @@ class Dispatcher:
             p.request_id, p.tenant, p.model, self.pool, outcome, reason, now, p.attempt,
             None, predicted_s, (now - p.enqueued_at) if p.enqueued_at >= 0.0 else None,
             retry_after_s, flags.name, flags.version, p.expected_tokens, None, None, None,
-            p.kv_bytes, room, self._buffer() if flags.sla_fit else None, p.sla_s,
+            p.kv_bytes, room, self._buffer(p.model) if flags.sla_fit else None, p.sla_s,
             p.deadline - now, q.tenant_count.get(p.tenant, 0) - 1 if outcome is QUEUE else None,
             len(q.members), self.fair.service.get(p.tenant, 0.0), p.overage,
             self.monitor.utilization, self.monitor.tightened, p.recompute_tokens or None,
@@ -407,7 +414,8 @@ class Dispatcher:
                     tenant=p.tenant, model=p.model, gpu_type=slot.gpu_type,
                     prompt_tokens=p.prompt_tokens, output_tokens=output_tokens,
                     max_tokens=p.max_tokens, prefill_s=prefill_s, decode_s=decode_s,
-                    concurrency=concurrency, predicted_raw_s=p.predicted_raw_s,
+                    concurrency=concurrency, expected_out=p.expected_out,
+                    dispatch_concurrency=p.dispatch_n,
                 )
             else:
                 self.stats.failed += 1
@@ -505,6 +513,7 @@ class Dispatcher:
         skipped = 0
         limits = self.settings.max_concurrency if self.flags.quota else {}
         backfill = self.flags.backfill_s
+        held = ""  # model of an aged head that holds the line for the memory it waits on
         try:
             while True:
                 head = q.head()
@@ -512,14 +521,18 @@ class Dispatcher:
                     break
                 p, _key = head
                 limit = limits.get(p.tenant)
-                if limit is not None and self.tenant_running.get(p.tenant, 0) >= limit:
+                if (limit is not None and self.tenant_running.get(p.tenant, 0) >= limit) or (
+                    held and p.model == held
+                ):
                     entry = q.set_aside()
                     if entry is not None:
                         aside.append(entry)
                     continue
                 slot, reason, raw, pred = self._fit(p, now)
-                if slot is None and self.flags.preemption and reason is not R.TIGHTENED:
+                if slot is None and self.flags.preemption and reason in PREEMPT_FOR:
                     slot, raw, pred = self._preempt_for(p, now, out)
+                if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
+                    slot = None  # would take memory the held head may need
                 if slot is not None:
                     q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
                     self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
@@ -527,14 +540,20 @@ class Dispatcher:
                 # blocked: look past it, unless it has waited long (no starvation). Only a
                 # head short of KV holds the line: holding others back frees its memory. A
                 # head short of time (compute saturation) gains nothing from a stalled
-                # queue, and holding the line there convoys the pool behind it.
+                # queue, and holding the line there convoys the pool behind it. Even a
+                # held line lets other models start inside their own floors: memory the
+                # head's model can never have.
                 skipped += 1
                 aged = (
                     now - p.enqueued_at > backfill
                     and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
                 )
-                if aged or skipped >= self.flags.lookahead or not self.flags.fairness:
+                if skipped >= self.flags.lookahead or not self.flags.fairness:
                     break
+                if aged and not held:
+                    held = p.model
+                    if not any(self.settings.model_floors.values()):
+                        break
                 entry = q.set_aside()
                 if entry is not None:
                     aside.append(entry)
@@ -575,7 +594,7 @@ class Dispatcher:
             if freed < q.kv_bytes:
                 continue
             raw = slot.costs[q.model].predict(q.prompt_tokens, q.expected_out, float(slot.running))
-            pred = raw * self._buffer()
+            pred = raw * self._buffer(q.model)
             if self.flags.sla_fit and now + pred > q.deadline:
                 continue
             self._release(r)

@@ -78,6 +78,10 @@ class GpuSlot:
         u = self.model_used.get(model, 0)
         return self.budget - self.model_committed + (f - u if f > u else 0)
 
+    def within_floor(self, model: str, nbytes: int) -> bool:
+        """Would `nbytes` more for `model` stay inside its own floor here?"""
+        return self.model_used.get(model, 0) + nbytes <= self.model_floor.get(model, 0)
+
     def avail_unreserved(self) -> int:
         """Bytes a tenant without a reserved share could still reserve here."""
         return self.budget - self.tenant_committed

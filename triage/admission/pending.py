@@ -12,6 +12,7 @@ class Pending:
         "attempt",
         "cls",
         "deadline",
+        "dispatch_n",
         "dispatched_at",
         "enqueued_at",
         "expected_out",
@@ -71,6 +72,7 @@ class Pending:
         self.timeout_reason = 0  # 0: queue_timeout, 1: deadline_unreachable
         self.gpu: object = None  # the GpuSlot it runs on
         self.dispatched_at = 0.0
+        self.dispatch_n = 1.0  # sequences on its GPU counting itself, at dispatch
         self.predicted_raw_s = 0.0  # unbuffered prediction at dispatch (trains the buffer)
         self.predicted_s = 0.0  # buffered prediction at dispatch
         self.predicted_end = 0.0  # dispatched_at + predicted_s

@@ -3,8 +3,15 @@
 Per model and GPU type: prefill seconds per prompt token (a line through the
 origin), and decode seconds per output token as a line in the number of
 concurrent sequences (continuous batching slows decode). Per tenant: the ratio
-of used to requested output tokens. The variance buffer is the empirical
-quantile of actual/predicted time, at 1 - target miss rate.
+of used to requested output tokens. Per model: the variance buffer, the empirical
+quantile of actual/predicted time at 1 - target miss rate, capped.
+
+The buffer measures the predictor as it is now: each completion is compared with
+what the *current* fit (before it learns from that completion) predicts for the
+request's inputs at dispatch, not with the stale prediction made back then. A cold
+fit that was 5x off and has since converged therefore stops inflating the buffer
+at once; otherwise the buffer stays inflated, refuses everything as infeasible,
+gets no completions to learn from, and never recovers.
 
 All fits are exponentially decayed sums, seeded with the configured priors as
 pseudo-observations, so predictions are sane before the first completion.
@@ -141,13 +148,16 @@ class VarianceBuffer:
     """The factor the core multiplies predictions by: the (1 - target miss rate) quantile
     of actual/predicted over a sliding window; `initial` until enough samples."""
 
-    __slots__ = ("_i", "_ring", "_sorted", "initial", "min_samples", "q", "value", "window")
+    __slots__ = (
+        "_i", "_ring", "_sorted", "cap", "initial", "min_samples", "q", "value", "window",
+    )
 
     def __init__(
         self, *, initial: float, target_miss_rate: float, window: int, min_samples: int,
-        adaptive: bool = True,
+        adaptive: bool = True, cap: float = 10.0,
     ) -> None:
         self.initial = initial
+        self.cap = cap if cap > initial else initial
         self.value = initial
         self.q = 1.0 - target_miss_rate
         self.window = window
@@ -175,7 +185,7 @@ class VarianceBuffer:
         if n >= self.min_samples:
             k = min(n - 1, math.ceil(self.q * n) - 1)
             v = self._sorted[max(0, k)]
-            self.value = 1.0 if v < 1.0 else (10.0 if v > 10.0 else v)
+            self.value = 1.0 if v < 1.0 else (self.cap if v > self.cap else v)
 
     @property
     def samples(self) -> int:
@@ -189,10 +199,11 @@ class WorkloadPredictor:
     """Every learned quantity the core predicts with, created lazily from the priors."""
 
     __slots__ = (
+        "_buffer_args",
         "_costs",
         "_ratios",
         "_tenant_priors",
-        "buffer",
+        "buffers",
         "fixed_buffer",
         "gpu_speed",
         "half_life",
@@ -212,19 +223,18 @@ class WorkloadPredictor:
         min_samples: int = 50,
         half_life: int = 500,
         fixed_buffer: float | None = None,
+        max_buffer: float = 1.6,
     ) -> None:
         self.model_priors = model_priors  # model -> (prefill s/token, decode s/token, slowdown)
         self.gpu_speed = gpu_speed  # gpu type -> speed relative to the priors
         self._tenant_priors = tenant_priors
         self.half_life = half_life
         self.fixed_buffer = fixed_buffer
-        self.buffer = VarianceBuffer(
-            initial=initial_buffer if fixed_buffer is None else fixed_buffer,
-            target_miss_rate=target_miss_rate,
-            window=residual_window,
-            min_samples=min_samples,
-            adaptive=adaptive_buffer and fixed_buffer is None,
+        self._buffer_args = (
+            initial_buffer if fixed_buffer is None else fixed_buffer, target_miss_rate,
+            residual_window, min_samples, adaptive_buffer and fixed_buffer is None, max_buffer,
         )
+        self.buffers: dict[str, VarianceBuffer] = {}  # per model: errors differ by model
         self._costs: dict[tuple[str, str], CostModel] = {}
         self._ratios: dict[str, OutputRatio] = {}
 
@@ -250,32 +260,55 @@ class WorkloadPredictor:
             self._ratios[tenant] = r
         return r
 
+    def buffer(self, model: str) -> VarianceBuffer:
+        b = self.buffers.get(model)
+        if b is None:
+            initial, miss, window, min_samples, adaptive, cap = self._buffer_args
+            b = VarianceBuffer(
+                initial=initial, target_miss_rate=miss, window=window,
+                min_samples=min_samples, adaptive=adaptive, cap=cap,
+            )
+            self.buffers[model] = b
+        return b
+
+    @property
+    def initial_buffer(self) -> float:
+        return self._buffer_args[0]
+
+    def buffer_value(self, model: str) -> float:
+        b = self.buffers.get(model)
+        return self._buffer_args[0] if b is None else b.value
+
     @property
     def variance_buffer(self) -> float:
-        return self.buffer.value
+        """The largest per-model buffer (the initial one before any completion)."""
+        return max((b.value for b in self.buffers.values()), default=self._buffer_args[0])
 
     def observe(
         self, *, tenant: str, model: str, gpu_type: str, prompt_tokens: int, output_tokens: int,
         max_tokens: int, prefill_s: float, decode_s: float, concurrency: float,
-        predicted_raw_s: float,
+        expected_out: float, dispatch_concurrency: float,
     ) -> float:
-        """Learn from a completion; returns the relative error actual/predicted (0 if none)."""
-        self.cost_model(model, gpu_type).observe(
+        """Learn from a completion; returns the relative error actual/predicted (0 if none),
+        against what the current fit predicts for the inputs known at dispatch."""
+        cm = self.cost_model(model, gpu_type)
+        predicted = cm.predict(prompt_tokens, expected_out, dispatch_concurrency)
+        cm.observe(
             prompt_tokens=prompt_tokens, prefill_s=prefill_s, output_tokens=output_tokens,
             decode_s=decode_s, concurrency=concurrency,
         )
         self.ratio(tenant).observe(output_tokens, max_tokens)
         actual = prefill_s + decode_s
-        if predicted_raw_s > 0.0:
-            self.buffer.observe(actual, predicted_raw_s)
-            return actual / predicted_raw_s
+        if predicted > 0.0:
+            self.buffer(model).observe(actual, predicted)
+            return actual / predicted
         return 0.0
 
     def snapshot(self) -> dict[str, object]:
         return {
             "costs": {f"{m}|{g}": cm.snapshot() for (m, g), cm in self._costs.items()},
             "ratios": {t: [r.total, r.weight] for t, r in self._ratios.items()},
-            "residuals": self.buffer.relative_errors(),
+            "residuals": {m: b.relative_errors() for m, b in self.buffers.items()},
         }
 
     def restore(self, state: dict[str, object]) -> None:
@@ -291,7 +324,10 @@ class WorkloadPredictor:
             r = self.ratio(t)
             r.total, r.weight = float(total), float(weight)
             r.value = r.total / r.weight
-        residuals = state.get("residuals", [])
-        assert isinstance(residuals, list)
-        for x in residuals:
-            self.buffer.observe(float(x), 1.0)
+        residuals = state.get("residuals", {})
+        if isinstance(residuals, dict):  # older snapshots kept one global list: dropped
+            for m, xs in residuals.items():
+                if m in self.model_priors:
+                    b = self.buffer(str(m))
+                    for x in xs:
+                        b.observe(float(x), 1.0)
