@@ -23,9 +23,11 @@ def admission(
                                      "disables)."),
     loglevel: str = typer.Option("info", help="crit, error, warn, info or debug."),
 ) -> None:
-    """Run the admission app: reads every tenant's request topic, completions and GPU
-    heartbeats; decides, replies, dispatches and records every decision. Stop with SIGTERM
-    or Ctrl-C; state is recovered from the changelogs on the next start."""
+    """Run the admission app (the Faust stream processor).
+
+    Reads every tenant's request topic, completions and GPU heartbeats; decides,
+    replies, dispatches and records every decision. Stop with SIGTERM or Ctrl-C; state
+    is recovered from the changelogs on the next start."""
     try:
         cfg = load_config(config)
     except ConfigError as exc:

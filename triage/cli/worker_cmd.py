@@ -84,9 +84,11 @@ def worker(
         10.0, "--drain-s", min=0.0, help="On SIGTERM, seconds in-flight work may finish."
     ),
 ) -> None:
-    """Run the worker of one GPU: consume its work topic, execute, publish completions
-    and heartbeats. Without an NVML driver it runs as the simulated GPU the config
-    declares (heartbeats say simulated=true). Stop with SIGTERM or Ctrl-C."""
+    """Run the worker of one GPU (NVML probe; sim or OpenAI-compatible backend).
+
+    Consumes its work topic, executes, publishes completions and heartbeats. Without an
+    NVML driver it runs as the simulated GPU the config declares (heartbeats say
+    simulated=true). Stop with SIGTERM or Ctrl-C."""
     from triage.workers.worker import WorkerOptions, run_worker
 
     try:
