@@ -20,7 +20,7 @@ pseudo-observations, so predictions are sane before the first completion.
 from __future__ import annotations
 
 import math
-from bisect import insort
+from bisect import bisect_left, insort
 
 PRIOR_WEIGHT = 20.0  # pseudo-observations behind each prior
 DECODE_REF_TOKENS = 100.0  # decode observations weigh their output tokens; a prior counts this
@@ -177,8 +177,6 @@ class VarianceBuffer:
             self._ring[self._i] = r
             self._i = (self._i + 1) % self.window
             # remove one copy of old from the sorted list (bisect keeps this O(log n) + shift)
-            from bisect import bisect_left
-
             del self._sorted[bisect_left(self._sorted, old)]
         insort(self._sorted, r)
         n = len(self._sorted)

@@ -12,6 +12,7 @@ from triage.cli import (
     bench_cmd,
     demo_cmd,
     kafka_cmd,
+    replay_cmd,
     schema_cmd,
     sim_cmd,
     submit_cmd,
@@ -34,7 +35,9 @@ app = typer.Typer(
 app.add_typer(kafka_cmd.app, name="kafka")
 app.add_typer(topics_cmd.app, name="topics")
 app.add_typer(bench_cmd.app, name="bench")
-for module in (schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd):
+for module in (
+    schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd, replay_cmd,
+):
     module.register(app)
 
 

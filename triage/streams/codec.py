@@ -54,8 +54,11 @@ def _dumps(data: dict[str, Any]) -> bytes:
     return orjson.dumps({k: v for k, v in data.items() if v is not None})
 
 
-def decision_record(d: Decision) -> bytes:
-    """The audit log's line for a decision (a DecisionRecord, as JSON)."""
+def decision_record(d: Decision, arrival: Pending | None = None) -> bytes:
+    """The audit log's line for a decision (a DecisionRecord, as JSON). Given the request
+    that has just arrived, its decisions also record its shape (prompt and max tokens), so
+    recorded traffic can be replayed from an export file alone (triage replay)."""
+    shape = arrival if arrival is not None and arrival.request_id == d.request_id else None
     inputs = {
         "request_tokens": _num(d.request_tokens), "bucket_level": _num(d.bucket_level),
         "bucket_burst": _num(d.bucket_burst), "bucket_debt_ceiling": _num(d.bucket_debt_ceiling),
@@ -65,6 +68,9 @@ def decision_record(d: Decision) -> bytes:
         "queue_depth": d.queue_depth, "tenant_service": _num(d.tenant_service),
         "overage": d.overage, "utilization": _num(d.utilization), "tightened": d.tightened,
         "recompute_tokens": d.recompute_tokens, "detail": d.detail,
+        "prompt_tokens": None if shape is None else shape.prompt_tokens,
+        "max_tokens": None if shape is None else shape.max_tokens,
+        "output_tokens": d.output_tokens,
     }
     return _dumps({
         "request_id": d.request_id, "tenant": d.tenant, "model": d.model, "pool": d.pool,

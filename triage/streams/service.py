@@ -256,7 +256,7 @@ class AdmissionService:
         for d in decisions:
             rid = d.request_id
             key = rid.encode()
-            out.send_raw(names.decisions, key, codec.decision_record(d))
+            out.send_raw(names.decisions, key, codec.decision_record(d, arrival))
             m.child(m.admissions, d.tenant, d.model, d.outcome.value, d.reason.value).inc()
             p = arrival if arrival is not None and arrival.request_id == rid else None
             if p is None and d.pool is not None:

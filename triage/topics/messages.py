@@ -129,6 +129,11 @@ class DecisionInputs(Message):
     tightened: bool | None = None
     recompute_tokens: int | None = None  # tokens to prefill again after preemption
     detail: str | None = None
+    # The request's shape, on the decision made at its arrival, and what a completion
+    # generated: enough for `triage replay --file` to rebuild the traffic offline.
+    prompt_tokens: TokenCount | None = None
+    max_tokens: TokenCount | None = None
+    output_tokens: TokenCount | None = None  # generated tokens (complete)
 
 
 class DecisionRecord(Message):
