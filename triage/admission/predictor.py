@@ -221,7 +221,7 @@ class WorkloadPredictor:
         min_samples: int = 50,
         half_life: int = 500,
         fixed_buffer: float | None = None,
-        max_buffer: float = 1.6,
+        max_buffer: float = 1.3,
     ) -> None:
         self.model_priors = model_priors  # model -> (prefill s/token, decode s/token, slowdown)
         self.gpu_speed = gpu_speed  # gpu type -> speed relative to the priors

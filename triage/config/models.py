@@ -152,7 +152,7 @@ class PredictorConfig(StrictModel):
     initial_variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] = 1.3
     # ceiling of the adaptive buffer: past it the fit is wrong, not noisy, and a higher
     # buffer refuses requests an idle GPU would serve in time (see docs/experiments.md)
-    max_variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] = 1.6
+    max_variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] = 1.3
     adaptive_buffer: bool = True
     target_miss_rate: Annotated[float, Field(gt=0.0, lt=0.5)] = 0.05
     residual_window: Annotated[int, Field(ge=10, le=100_000)] = 512
