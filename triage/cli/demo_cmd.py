@@ -108,6 +108,7 @@ def demo(
 
             driver.run(arrivals, on_progress=report,
                        should_stop=lambda: not all(c.alive() for c in children))
+            driver.close()
             drain_task = progress.add_task("draining", total=None, info="")
             deadline = time.monotonic() + drain
             while tracker.outstanding() and time.monotonic() < deadline:

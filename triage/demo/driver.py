@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
@@ -111,10 +112,17 @@ class LoadDriver:
     """Sends arrivals at their times (scaled by `speed`), as the tenants would."""
 
     def __init__(self, bootstrap: str, names: TopicNames, tracker: ReplyTracker) -> None:
-        self._producer = make_producer(bootstrap)
+        self._producer: Any = make_producer(bootstrap)
         self._names = names
         self._tracker = tracker
         self.sent = 0
+
+    def close(self) -> None:
+        """Flush and destroy the producer now (before a broker it talks to goes away,
+        or librdkafka keeps logging reconnect failures until garbage collection)."""
+        if self._producer is not None:
+            self._producer.flush(10)
+            self._producer = None
 
     def run(
         self, arrivals: Iterable[Arrival], *, speed: float = 1.0,
