@@ -201,7 +201,10 @@ def test_worker_runs_items_heartbeats_dedupes_preempts_and_serves_metrics(
                                 gpu_id=GPU, reason=ReasonCode.QUEUE_TIMEOUT,
                                 at_ms=int(time.time() * 1000))  # fmt: skip
         send(b, topics.gpu_control(GPU), "early", [cancel])
-        time.sleep(0.5)  # controls and work are separate topics: let the control land first
+        deadline = time.monotonic() + 30  # separate topics: wait until the worker holds it
+        while "early#0" not in worker._early:
+            assert time.monotonic() < deadline, "the cancel never reached the worker"
+            time.sleep(0.02)
         send(b, topics.gpu_work(GPU), "", [work("early", out=50)])
         [early] = ids_of(completions.until(lambda cs: bool(ids_of(cs, "early"))), "early")
         assert early.status is CompletionStatus.CANCELLED and early.output_tokens == 0
