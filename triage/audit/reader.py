@@ -20,7 +20,8 @@ import re
 import sys
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -162,15 +163,24 @@ def _scan(
     return result
 
 
+@contextmanager
+def export_lines(path: str | Path) -> Iterator[tuple[Iterable[bytes], str]]:
+    """A decisions export's lines and the name to report them by (``-``: stdin); raises
+    OSError when the file cannot be read (audit and replay both read exports)."""
+    if str(path) == "-":
+        yield sys.stdin.buffer, "<stdin>"
+        return
+    with Path(path).open("rb") as stream:
+        yield stream, str(path)
+
+
 def read_decisions_file(
     path: str | Path, *, request_id: str, since_ms: int | None = None
 ) -> ScanResult:
     """The same from an export: JSON lines of DecisionRecord (``-`` reads stdin)."""
-    if str(path) == "-":
-        return _scan_lines(sys.stdin.buffer, "<stdin>", request_id, since_ms)
     try:
-        with Path(path).open("rb") as stream:
-            return _scan_lines(stream, str(path), request_id, since_ms)
+        with export_lines(path) as (lines, name):
+            return _scan_lines(lines, name, request_id, since_ms)
     except OSError as exc:
         raise DecisionSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
 

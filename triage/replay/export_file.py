@@ -10,13 +10,13 @@ which the admission app records on the decision made at arrival). `triage replay
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO
 
 from pydantic import ValidationError
 
+from triage.audit.reader import export_lines
 from triage.replay.errors import ReplaySourceError
 from triage.replay.recording import ARRIVAL_OUTCOMES, DecisionLog, RecordedRequest, Recording
 from triage.topics.messages import DecisionRecord
@@ -37,11 +37,9 @@ def read_export(
     path: str | Path, *, since_ms: int | None = None, until_ms: int | None = None
 ) -> Recording:
     """The requests whose first decision falls in [since_ms, until_ms] (``-``: stdin)."""
-    if str(path) == "-":
-        return _read(sys.stdin.buffer, "<stdin>", since_ms, until_ms)
     try:
-        with Path(path).open("rb") as stream:
-            return _read(stream, str(path), since_ms, until_ms)
+        with export_lines(path) as (lines, name):
+            return _read(lines, name, since_ms, until_ms)
     except OSError as exc:
         raise ReplaySourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
 
