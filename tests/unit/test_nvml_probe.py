@@ -30,10 +30,14 @@ def _nvml_present() -> bool:
 
 
 def test_no_driver_falls_back_to_the_declared_gpu(
-    triage_config: TriageConfig, caplog: pytest.LogCaptureFixture
+    triage_config: TriageConfig, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    if _nvml_present():
-        pytest.skip("this machine has an NVML driver; the fallback is not taken")
+    if _nvml_present():  # a GPU machine: take the driver away, as a CPU-only host has none
+        def no_library() -> None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+        monkeypatch.setattr(pynvml, "nvmlInit", no_library)
     with caplog.at_level(logging.INFO, logger="triage.workers.nvml"):
         probe = open_probe(triage_config, "gpu-1")
     assert probe is None

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit._sim_factory import sim_config
-from triage.sim.errors import ScenarioError, TraceError
+from triage.sim.errors import TraceError
 from triage.sim.paths import resolve_path
 from triage.sim.scenario import TraceSpec, trace_span
 from triage.sim.trace import TraceSource, parse_columns
@@ -102,10 +102,7 @@ def test_trace_is_streamed_not_loaded(tmp_path: Path) -> None:
 
 
 def _azure(name: str) -> Path:
-    try:
-        return resolve_path(f"shared/traces/azure2023/azure2023_{name}.csv")
-    except ScenarioError:
-        pytest.skip("the Azure trace (shared/traces/azure2023) is not beside this checkout")
+    return resolve_path(f"traces/azure2023/azure2023_{name}.csv")  # shipped in data/
 
 
 def test_real_azure_files_replay_with_time_scaling() -> None:

@@ -1,8 +1,8 @@
 """Where scenario files, configs and traces are found.
 
 A scenario names files relative to itself, to the working directory, or to the
-repository; shared data (the public traces) lives beside the checkout in
-``shared/``, and ``TRIAGE_DATA_DIR`` points anywhere else. Trying these in a fixed
+repository; the public Azure trace ships in the repository's ``data/`` (so its
+tests run from any clone), and ``TRIAGE_DATA_DIR`` points anywhere else. Trying these in a fixed
 order lets the same scenario file run from a clone, an installed package or CI.
 """
 
@@ -27,7 +27,7 @@ def search_dirs(base: Path | None = None) -> list[Path]:
     env = os.environ.get("TRIAGE_DATA_DIR")
     if env:
         dirs.append(Path(env))
-    dirs += [REPO_DIR, REPO_DIR.parent, PACKAGE_DIR]
+    dirs += [REPO_DIR, REPO_DIR / "data", REPO_DIR.parent, PACKAGE_DIR]
     unique: list[Path] = []
     for d in dirs:
         if d.resolve() not in (u.resolve() for u in unique):
