@@ -26,7 +26,7 @@ from triage.experiments.base import (
     run_summary,
     seeds_for,
 )
-from triage.experiments.traffic import shared_pool_at
+from triage.experiments.traffic import shared_pool_grid
 
 NAME = "buffer"
 CLAIM = "a 1.3 variance buffer cuts SLA violations by ~40% for ~7% fewer accepted requests"
@@ -41,18 +41,12 @@ POLICIES = (BUFFERED, BARE, ADAPTIVE)
 
 def run(scale: float, jobs: int) -> ExperimentResult:
     seeds = seeds_for(scale)
-    specs: dict[str, dict[int, dict[str, Any]]] = {"buffer": {}}
-    caps = []
-    rhos = []
-    for seed in seeds:
-        spec, cap, got = shared_pool_at(
-            RHO, duration_s=DURATION_S * scale, gpus=GPUS, kv_gib=30.0, burst_s=5.0,
-            gpu_noise=NOISE, name=f"buffer-s{seed}", seed=seed,
-        )
-        specs["buffer"][seed] = {**spec, "policies": list(POLICIES)}
-        caps.append(cap)
-        rhos.append(got)
-    by = run_grid(specs, POLICIES, run_summary, jobs)["buffer"]
+    grid = shared_pool_grid(
+        RHO, pools={"buffer": 30.0}, seeds=seeds, policies=POLICIES, prefix="buffer",
+        duration_s=DURATION_S * scale, gpus=GPUS, burst_s=5.0, gpu_noise=NOISE,
+    )
+    caps, rhos = grid.caps["buffer"], grid.rhos
+    by = run_grid(grid.specs, POLICIES, run_summary, jobs)["buffer"]
     b, n = by[BUFFERED], by[BARE]
     fewer_late = 1.0 - b["late"] / n["late"] if n["late"] > 0 else 0.0
     fewer_accepted = 1.0 - b["acceptance"] / n["acceptance"] if n["acceptance"] > 0 else 0.0
@@ -82,7 +76,7 @@ def run(scale: float, jobs: int) -> ExperimentResult:
         direction="with the 1.3 buffer fewer admitted requests finish late, and no more "
         "are accepted",
         holds=holds, scale=scale, notes=notes,
-        specs={s["name"]: s for s in specs["buffer"].values()},
+        specs={s["name"]: s for s in grid.specs["buffer"].values()},
         metrics={
             "rho": RHO, "rho_achieved": rhos, "seeds": list(seeds),
             "capacity_tokens_per_s": sum(caps) / len(caps), "gpu_noise": NOISE,

@@ -28,7 +28,7 @@ from triage.experiments.base import (
     summarize,
 )
 from triage.experiments.probes import isolated_latency_s, quantile, record
-from triage.experiments.traffic import shared_pool_at
+from triage.experiments.traffic import shared_pool_grid
 from triage.sim.scenario import Scenario
 
 NAME = "p99"
@@ -63,25 +63,17 @@ def measure(sc: Scenario, policy: str) -> dict[str, Any]:
 def run(scale: float, jobs: int) -> ExperimentResult:
     duration = DURATION_S * scale
     seeds = seeds_for(scale)
-    specs: dict[str, dict[int, dict[str, Any]]] = {pool: {} for pool in POOLS}
-    rhos: list[float] = []
-    for pool, kv in POOLS.items():
-        for seed in seeds:
-            spec, _cap, got = shared_pool_at(
-                RHO, duration_s=duration, gpus=GPUS, kv_gib=kv, burst_s=BURST_S,
-                name=f"p99-{pool}-s{seed}", seed=seed,
-            )
-            specs[pool][seed] = {**spec, "policies": list(POLICIES)}
-            rhos.append(got)
-    light: dict[str, dict[int, dict[str, Any]]] = {pool: {} for pool in POOLS}
-    for pool, kv in POOLS.items():
-        for seed in seeds:
-            light[pool][seed] = shared_pool_at(
-                RHO_LIGHT, duration_s=duration, gpus=GPUS, kv_gib=kv, burst_s=BURST_S,
-                name=f"p99-{pool}-light-s{seed}", seed=seed,
-            ).spec
-    by = run_grid(specs, POLICIES, measure, jobs)
-    floor = run_grid(light, (FULL,), measure, jobs)
+    loaded = shared_pool_grid(
+        RHO, pools=POOLS, seeds=seeds, policies=POLICIES, prefix="p99", duration_s=duration,
+        gpus=GPUS, burst_s=BURST_S,
+    )
+    light = shared_pool_grid(
+        RHO_LIGHT, pools=POOLS, seeds=seeds, policies=(FULL,), prefix="p99-light",
+        duration_s=duration, gpus=GPUS, burst_s=BURST_S,
+    )
+    rhos = loaded.rhos
+    by = run_grid(loaded.specs, POLICIES, measure, jobs)
+    floor = run_grid(light.specs, (FULL,), measure, jobs)
 
     def deg(pool: str, p: str) -> float:
         d = by[pool][p]["p99_degradation"]
@@ -122,7 +114,7 @@ def run(scale: float, jobs: int) -> ExperimentResult:
         direction="lower p99 degradation with admission than with rate limiting alone, "
         "in both pools",
         holds=holds, scale=scale, notes=notes,
-        specs={s["name"]: s for by_seed in specs.values() for s in by_seed.values()},
+        specs={s["name"]: s for by_seed in loaded.specs.values() for s in by_seed.values()},
         metrics={
             "rho": RHO, "rho_achieved": rhos, "seeds": list(seeds), "runs": by,
             "light_load": {"rho": RHO_LIGHT, "runs": floor},

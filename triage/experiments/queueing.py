@@ -16,8 +16,6 @@ KV check refuses first) and compute-bound (30 GiB, where the SLA check does).
 
 from __future__ import annotations
 
-from typing import Any
-
 from triage.experiments.base import (
     Experiment,
     ExperimentResult,
@@ -26,7 +24,7 @@ from triage.experiments.base import (
     run_summary,
     seeds_for,
 )
-from triage.experiments.traffic import shared_pool_at
+from triage.experiments.traffic import shared_pool_grid
 
 NAME = "queue"
 CLAIM = "adding a bounded queue (500 requests, 2 s) to rejection-only admission cuts SLA " \
@@ -44,19 +42,12 @@ POLICIES = (REJECT, QUEUE, PRESET)
 def run(scale: float, jobs: int) -> ExperimentResult:
     duration = DURATION_S * scale
     seeds = seeds_for(scale)
-    specs: dict[str, dict[int, dict[str, Any]]] = {pool: {} for pool in POOLS}
-    caps: dict[str, list[float]] = {pool: [] for pool in POOLS}
-    rhos: list[float] = []
-    for pool, kv in POOLS.items():
-        for seed in seeds:
-            spec, cap, got = shared_pool_at(
-                RHO, duration_s=duration, gpus=GPUS, kv_gib=kv, burst_s=BURST_S,
-                name=f"queue-{pool}-s{seed}", seed=seed,
-            )
-            specs[pool][seed] = {**spec, "policies": list(POLICIES)}
-            caps[pool].append(cap)
-            rhos.append(got)
-    by = run_grid(specs, POLICIES, run_summary, jobs)
+    grid = shared_pool_grid(
+        RHO, pools=POOLS, seeds=seeds, policies=POLICIES, prefix="queue", duration_s=duration,
+        gpus=GPUS, burst_s=BURST_S,
+    )
+    caps, rhos = grid.caps, grid.rhos
+    by = run_grid(grid.specs, POLICIES, run_summary, jobs)
     mem, cpu = by["memory-bound"], by["compute-bound"]
     v = {pool: {p: by[pool][p]["sla_violations"] for p in POLICIES} for pool in POOLS}
     holds = v["memory-bound"][QUEUE] < v["memory-bound"][REJECT]
@@ -85,7 +76,7 @@ def run(scale: float, jobs: int) -> ExperimentResult:
         name=NAME, claim=CLAIM, seed_figure=SEED_FIGURE, our_figure=ours,
         direction="memory-bound pool: fewer SLA violations with the queue than rejection-only",
         holds=holds, scale=scale, notes=notes,
-        specs={s["name"]: s for by_seed in specs.values() for s in by_seed.values()},
+        specs={s["name"]: s for by_seed in grid.specs.values() for s in by_seed.values()},
         metrics={
             "rho": RHO, "rho_achieved": rhos, "seeds": list(seeds),
             "capacity_tokens_per_s": {k: sum(c) / len(c) for k, c in caps.items()}, "runs": by,

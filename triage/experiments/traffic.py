@@ -137,3 +137,29 @@ def shared_pool_at(rho: float, *, duration_s: float, **kw: Any) -> PoolLoad:
     spec = shared_pool_spec(load, duration_s=duration_s, **kw)
     got = offered_tokens_per_s(scenario_from_dict(spec))
     return PoolLoad(spec, cap, got / cap if cap > 0 else 0.0)
+
+
+class PoolGrid(NamedTuple):
+    specs: dict[str, dict[int, dict[str, Any]]]  # pool -> seed -> scenario (run_grid's input)
+    caps: dict[str, list[float]]  # pool -> measured capacity per seed
+    rhos: list[float]  # achieved load of every run
+
+
+def shared_pool_grid(
+    rho: float, *, pools: dict[str, float], seeds: tuple[int, ...], policies: tuple[str, ...],
+    prefix: str, duration_s: float, **kw: Any,
+) -> PoolGrid:
+    """The shared pool at `rho`, once per pool (name -> KV GiB per GPU) and seed, each
+    scenario named PREFIX-POOL-sSEED (PREFIX-sSEED when the only pool is the prefix)."""
+    grid = PoolGrid({pool: {} for pool in pools}, {pool: [] for pool in pools}, [])
+    for pool, kv in pools.items():
+        for seed in seeds:
+            name = f"{prefix}-s{seed}" if pool == prefix else f"{prefix}-{pool}-s{seed}"
+            spec, cap, got = shared_pool_at(
+                rho, duration_s=duration_s, kv_gib=kv, name=name, seed=seed, **kw
+            )
+            grid.specs[pool][seed] = {**spec, "policies": list(policies)}
+            grid.caps[pool].append(cap)
+            grid.rhos.append(got)
+    return grid
+
