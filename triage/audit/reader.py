@@ -26,16 +26,16 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 from pydantic import ValidationError
 
 from triage.audit.errors import DecisionSourceError, InvalidSinceError
 from triage.kafka.clients import make_consumer
+from triage.kafka.scan import ScanTimeoutError, scan_range
 from triage.topics.messages import DecisionRecord
 
 log = logging.getLogger(__name__)
 
-CONSUME_BATCH = 1000
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -113,52 +113,23 @@ def _scan(
         why = tmd.error.str() if tmd is not None and tmd.error is not None else "missing"
         raise DecisionSourceError(f"decisions topic {topic} is not readable ({why})")
     result = ScanResult(partitions=len(tmd.partitions))
-    starts = dict.fromkeys(tmd.partitions, OFFSET_BEGINNING)
-    if since_ms is not None:
-        found = consumer.offsets_for_times(
-            [TopicPartition(topic, p, since_ms) for p in tmd.partitions], timeout=timeout_s
-        )
-        starts = {tp.partition: tp.offset for tp in found if tp.offset >= 0}  # -1: none since
-    ends: dict[int, int] = {}
-    for p in list(starts):
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout_s)
-        begin = low if starts[p] == OFFSET_BEGINNING else max(low, starts[p])
-        if begin >= high:
-            del starts[p]  # nothing to read there
-        else:
-            ends[p] = high
-    if not starts:
-        return result
-    consumer.assign([TopicPartition(topic, p, off) for p, off in starts.items()])
     needle = request_id.encode()
-    open_parts = set(starts)
-    while open_parts:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            result.complete = False
-            log.warning("scan of %s stopped at its %.0f s timeout", topic, timeout_s)
-            break
-        for msg in consumer.consume(num_messages=CONSUME_BATCH, timeout=min(1.0, left)):
-            part, offset = msg.partition() or 0, msg.offset() or 0
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    open_parts.discard(part)
-                    continue
-                raise KafkaException(err)
+    try:
+        for m in scan_range(consumer, topic, tmd.partitions, since_ms=since_ms, until_ms=None,
+                            deadline=deadline):
             result.scanned += 1
-            if offset >= ends.get(part, 0) - 1:
-                open_parts.discard(part)  # reached the end as of the scan's start
-            if offset >= ends.get(part, 0):
-                continue  # written after the scan started: the next run will see it
             try:
-                rec = _match(msg.value(), request_id, needle)
+                rec = _match(m.value, request_id, needle)
             except ValidationError as exc:
                 result.unparseable += 1
-                log.warning("unparseable decision at %s[%s]@%s: %s", topic, part, offset, exc)
+                log.warning("unparseable decision at %s[%s]@%s: %s", topic, m.partition,
+                            m.offset, exc)
                 continue
             if rec is not None:
                 result.records.append(rec)
+    except ScanTimeoutError:
+        result.complete = False
+        log.warning("scan of %s stopped at its %.0f s timeout", topic, timeout_s)
     result.records.sort(key=lambda r: r.at_ms)  # partitions interleave: restore time order
     return result
 

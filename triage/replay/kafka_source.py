@@ -7,8 +7,8 @@ nothing outside it). Their decisions are read from a little before `since` (cloc
 to `until + grace` (a request that arrived just before `until` is decided, and completes,
 after it); completions over the same window give what each request really generated.
 
-Every partition is scanned (see triage/audit/reader.py for why keys cannot be trusted to
-pick one), up to its end as of the scan's start. A scan that runs out of time is an
+Every partition is scanned, up to its end as of the scan's start (triage/kafka/scan.py,
+shared with audit). A scan that runs out of time is an
 error, not a partial replay: a diff over part of the traffic would mislead.
 """
 
@@ -17,13 +17,14 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaException
 from pydantic import ValidationError
 
 from triage.kafka.clients import make_consumer
+from triage.kafka.scan import ScanTimeoutError, left, scan_range
 from triage.replay.errors import ReplaySourceError
 from triage.replay.recording import ARRIVAL_OUTCOMES, DecisionLog, RecordedRequest, Recording
 from triage.topics.messages import Completion, CompletionStatus, DecisionRecord, InferenceRequest
@@ -32,19 +33,9 @@ from triage.topics.validation import Invalid, Unparseable, parse_request
 
 log = logging.getLogger(__name__)
 
-CONSUME_BATCH = 1000
-POLL_S = 0.1
-EARLIEST, LATEST = -2, -1  # ListOffsets' special timestamps
+TIMED_OUT = "reading the topics ran out of time (use a narrower range or a longer --timeout)"
 CLOCK_SKEW_MS = 60_000  # decisions are read from this long before `since`
 _NO_DECISION_RANK = 1 << 30  # requests with no recorded decision sort after those with one
-
-
-@dataclass(frozen=True, slots=True)
-class _Read:
-    partition: int
-    offset: int
-    timestamp_ms: int
-    value: bytes | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +60,8 @@ def read_kafka(
     deadline = time.monotonic() + timeout_s
     try:
         return _read(consumer, bootstrap, names, tenants, since_ms, until_ms, grace_s, deadline)
+    except ScanTimeoutError:
+        raise ReplaySourceError(TIMED_OUT) from None
     except KafkaException as exc:
         raise ReplaySourceError(f"reading topics from {bootstrap} failed: {exc}") from exc
     finally:
@@ -102,7 +95,8 @@ def _read(
     requests: list[_Request] = []
     for i, topic in enumerate(topics):
         tenant = names.tenant_of_request_topic(topic)
-        for m in _scan(consumer, topic, parts[topic], since_ms, until_ms, deadline):
+        for m in scan_range(consumer, topic, parts[topic], since_ms=since_ms,
+                            until_ms=until_ms, deadline=deadline):
             recording.scanned += 1
             parsed = parse_request(m.value)
             if isinstance(parsed, Unparseable):
@@ -121,7 +115,8 @@ def _read(
     lo = None if since_ms is None else max(0, since_ms - CLOCK_SKEW_MS)
     hi = None if until_ms is None else until_ms + int(grace_s * 1000)
     decisions = DecisionLog()
-    for m in _scan(consumer, names.decisions, parts[names.decisions], lo, hi, deadline):
+    for m in scan_range(consumer, names.decisions, parts[names.decisions], since_ms=lo,
+                        until_ms=hi, deadline=deadline):
         recording.scanned += 1
         try:
             rec = DecisionRecord.from_bytes(m.value or b"")
@@ -132,8 +127,8 @@ def _read(
             decisions.add(rec, m.partition, m.offset)
     outputs: dict[str, int] = {}
     if names.completions in present:
-        for m in _scan(consumer, names.completions, parts[names.completions], lo, hi,
-                         deadline):
+        for m in scan_range(consumer, names.completions, parts[names.completions],
+                            since_ms=lo, until_ms=hi, deadline=deadline):
             recording.scanned += 1
             try:
                 c = Completion.from_bytes(m.value or b"")
@@ -164,71 +159,7 @@ def _read(
 
 
 def _left(deadline: float) -> float:
-    left = deadline - time.monotonic()
-    if left <= 0:
-        raise ReplaySourceError("reading the topics ran out of time (use a narrower range "
-                                "or a longer --timeout)")
-    return left
-
-
-def _list_offsets(
-    consumer: Consumer, topic: str, parts: list[int], at: int, deadline: float
-) -> dict[int, int]:
-    """One ListOffsets request for every partition (get_watermark_offsets costs a round
-    trip per partition, and often a wait): `at` a timestamp, EARLIEST or LATEST."""
-    found = consumer.offsets_for_times([TopicPartition(topic, p, at) for p in parts],
-                                       timeout=_left(deadline))
-    return {tp.partition: tp.offset for tp in found}
-
-
-def _scan(
-    consumer: Consumer, topic: str, parts: list[int], since_ms: int | None,
-    until_ms: int | None, deadline: float,
-) -> Iterator[_Read]:
-    """Every message of `topic` with a timestamp in [since_ms, until_ms], in offset order
-    per partition, up to each partition's end as of now."""
-    starts = _list_offsets(consumer, topic, parts, EARLIEST, deadline)
-    ends = _list_offsets(consumer, topic, parts, LATEST, deadline)
-    if since_ms is not None:
-        for tp in consumer.offsets_for_times(
-            [TopicPartition(topic, p, since_ms) for p in parts], timeout=_left(deadline)
-        ):
-            # -1: nothing at or after since_ms on that partition
-            starts[tp.partition] = max(starts[tp.partition], tp.offset) if tp.offset >= 0 \
-                else ends[tp.partition]
-    if until_ms is not None:
-        for tp in consumer.offsets_for_times(
-            [TopicPartition(topic, p, until_ms + 1) for p in parts], timeout=_left(deadline)
-        ):
-            if tp.offset >= 0:
-                ends[tp.partition] = min(ends[tp.partition], tp.offset)
-    active = {p for p in parts if starts[p] < ends[p]}
-    if not active:
-        return
-    consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(active)])
     try:
-        while active:
-            # consume() waits its whole timeout for a full batch: keep it short
-            batch = consumer.consume(num_messages=CONSUME_BATCH,
-                                     timeout=min(POLL_S, _left(deadline)))
-            for msg in batch:
-                part, offset = msg.partition() or 0, msg.offset() or 0
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        active.discard(part)
-                        continue
-                    raise KafkaException(err)
-                end = ends.get(part, 0)
-                if offset >= end - 1:
-                    active.discard(part)  # the end as of the scan's start
-                if offset >= end:
-                    continue
-                ts = msg.timestamp()[1]
-                if (since_ms is not None and 0 <= ts < since_ms) or (
-                    until_ms is not None and ts > until_ms
-                ):
-                    continue  # out of order timestamps near the range's edges
-                yield _Read(part, offset, ts, msg.value())
-    finally:
-        consumer.unassign()
+        return left(deadline)
+    except ScanTimeoutError:
+        raise ReplaySourceError(TIMED_OUT) from None
