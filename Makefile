@@ -12,7 +12,8 @@ STAMP := $(VENV)/.triage-installed
 KAFKA_PORT ?= 9092
 
 NATIVE := $(VENV)/.triage-compiled
-CORE_SOURCES := $(wildcard triage/admission/*.py) setup.py
+COMPILED_DIRS := triage/admission triage/sim
+CORE_SOURCES := $(shell grep -o '"triage/[a-z]*/[a-z_]*\.py"' setup.py | tr -d '"') setup.py
 
 .PHONY: help install compile test demo lint broker-up broker-down clean distclean
 
@@ -26,13 +27,13 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 $(NATIVE): $(STAMP) $(CORE_SOURCES)
-	@rm -rf build triage/admission/*.so triage/admission/*.so.stale
-	@echo "compiling the admission core with mypyc (pure Python runs if this fails) ..."
+	@rm -rf build $(addsuffix /*.so,$(COMPILED_DIRS)) $(addsuffix /*.so.stale,$(COMPILED_DIRS))
+	@echo "compiling the admission core and the simulator with mypyc (pure Python runs if this fails) ..."
 	@TRIAGE_COMPILE=1 $(BIN)/python setup.py -q build_ext --inplace >$(VENV)/mypyc.log 2>&1 \
-	  && touch triage/admission/*.so $@ \
+	  && touch $(addsuffix /*.so,$(COMPILED_DIRS)) $@ \
 	  || echo "mypyc build failed (see $(VENV)/mypyc.log): running pure Python"
 
-compile: $(NATIVE) ## Compile the admission core with mypyc (again after editing it).
+compile: $(NATIVE) ## Compile the admission core and simulator with mypyc (again after editing them).
 
 install: $(STAMP) $(NATIVE) ## Create .venv, install deps, compile the core, fetch Kafka's jars.
 	@$(BIN)/triage kafka install
@@ -59,7 +60,7 @@ lint: install ## ruff and mypy only.
 
 clean: ## Remove caches, local run output and the compiled core (keeps .venv, Kafka's data).
 	rm -rf .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist var reports demo-out
-	rm -f triage/admission/*.so triage/admission/*.so.stale $(NATIVE)
+	rm -f $(addsuffix /*.so,$(COMPILED_DIRS)) $(addsuffix /*.so.stale,$(COMPILED_DIRS)) $(NATIVE)
 	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -print0 | xargs -0 rm -rf
 
 distclean: broker-down clean ## Also remove .venv (Kafka's jars and data stay in ~/.cache/triage).

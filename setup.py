@@ -1,10 +1,10 @@
-"""Optional build step: compile the admission core with mypyc.
+"""Optional build step: compile the admission core and the simulator with mypyc.
 
 `pip install -e .` alone installs pure Python. With TRIAGE_COMPILE=1 (what
-`make install` sets), the hot modules of triage/admission are compiled to C
-extension modules beside their sources: the same code, type-checked by mypy,
-about twice as fast. `make compile` rebuilds them after an edit; a stale build is
-detected and set aside at import (triage/admission/__init__.py).
+`make install` sets), the hot modules below are compiled to C extension modules
+beside their sources, as one group: the same code, type-checked by mypy, about twice
+as fast. `make compile` rebuilds them after an edit (the Makefile reads this list);
+a stale build is detected and set aside at import (triage/native.py).
 """
 
 from __future__ import annotations
@@ -24,6 +24,16 @@ COMPILED = [
     "triage/admission/pending.py",
     "triage/admission/dispatcher.py",
     "triage/admission/gate.py",
+    "triage/admission/core.py",
+    # the simulator's event loop, GPU model, workload streams and metrics
+    "triage/sim/engine.py",
+    "triage/sim/gpu.py",
+    "triage/sim/workload.py",
+    "triage/sim/arrivals.py",
+    "triage/sim/dists.py",
+    "triage/sim/metrics.py",
+    "triage/sim/histogram.py",
+    "triage/sim/series.py",
 ]
 
 ext_modules = []

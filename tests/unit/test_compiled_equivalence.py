@@ -1,9 +1,11 @@
-"""The compiled core (mypyc, `make compile`) must decide exactly as the pure sources do.
+"""The compiled build (mypyc, `make compile`) must decide exactly as the pure sources do.
 
-The same random event sequence runs in this process (compiled when built) and in a
-child process forced onto the sources (TRIAGE_PURE_CORE=1); the decisions must match
-to the last field. Without a build, both sides run the sources: still a check that
-decisions do not depend on the process.
+The same random event sequence runs in a child process on the build (when there is
+one) and in a child process forced onto the sources (TRIAGE_PURE_CORE=1); the
+decisions must match to the last field. The same for whole simulations (the event
+loop, GPU model, workload streams and metrics are compiled too): every figure of the
+result must match. Without a build, both sides run the sources: still a check that
+results do not depend on the process.
 """
 
 from __future__ import annotations
@@ -57,14 +59,29 @@ print(json.dumps({"compiled": not d.__file__.endswith(".py"),
 '''
 
 
-def _run(pure: bool, seed: int) -> dict[str, object]:
+SIM_SCRIPT = r'''
+import json, sys
+import triage.sim.engine as e
+from triage.sim.compare import compare
+from triage.sim.scenario import load_scenario
+seed = int(sys.argv[2])
+out = {}
+for name in ("seed-morning", "multi-model"):
+    sc = load_scenario(name).scaled(0.05).with_seed(seed)
+    cmp = compare(sc, ["full", "admit_all", "bounded_queue"])
+    out[name] = {p: {**r.to_dict(series=True), "wall_s": 0.0} for p, r in cmp.results.items()}
+print(json.dumps({"compiled": not e.__file__.endswith(".py"), "results": out}))
+'''
+
+
+def _run(pure: bool, seed: int, script: str = SCRIPT) -> dict[str, object]:
     env = {**os.environ}
     if pure:
         env["TRIAGE_PURE_CORE"] = "1"
     else:
         env.pop("TRIAGE_PURE_CORE", None)
     here = Path(__file__).resolve().parent
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(here), str(seed)], env=env,
+    done = subprocess.run([sys.executable, "-c", script, str(here), str(seed)], env=env,
                           capture_output=True, text=True, timeout=300, check=True)
     result: dict[str, object] = json.loads(done.stdout)
     return result
@@ -77,3 +94,12 @@ def test_compiled_and_pure_cores_decide_identically() -> None:
         assert pure["compiled"] is False
         assert isinstance(pure["decisions"], list) and len(pure["decisions"]) > 1000
         assert native["decisions"] == pure["decisions"]
+
+
+def test_compiled_and_pure_simulators_agree_on_every_figure() -> None:
+    pure = _run(True, 3, SIM_SCRIPT)
+    native = _run(False, 3, SIM_SCRIPT)
+    assert pure["compiled"] is False
+    results = pure["results"]
+    assert isinstance(results, dict) and results["seed-morning"]["full"]["arrivals"] > 500
+    assert native["results"] == results

@@ -1,1 +1,8 @@
+"""The virtual-time simulator. Its event loop and GPU model may be compiled with the
+admission core (`make compile`); triage.native guards that build."""
 
+from __future__ import annotations
+
+from triage.native import guard
+
+guard()
