@@ -14,6 +14,8 @@ import os
 from setuptools import setup
 
 COMPILED = [
+    "triage/admission/record.py",
+    "triage/admission/decision.py",
     "triage/admission/quota.py",
     "triage/admission/predictor.py",
     "triage/admission/kvcache.py",

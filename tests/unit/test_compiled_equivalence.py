@@ -55,7 +55,7 @@ for i in range(3000):
     else:
         out += core.tick(now)
 print(json.dumps({"compiled": not d.__file__.endswith(".py"),
-                  "decisions": [[str(v) for v in x] for x in out]}))
+                  "decisions": [[str(v) for v in x.astuple()] for x in out]}))
 '''
 
 

@@ -71,7 +71,7 @@ class Recorder:
                 a.tenant, a.model, a.t, a.prompt_tokens, a.output_tokens, a.max_tokens,
                 a.sla_s if a.sla_s is not None else self._sla[a.tenant],
             )
-            yield a if a.request_id else a._replace(request_id=rid)
+            yield a if a.request_id else a.replace(request_id=rid)
 
     def on_decisions(self, decisions: list[Decision], now: float) -> None:
         recs = self.records

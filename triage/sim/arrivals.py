@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from triage.sim.dists import expovariate
 from triage.sim.errors import ScenarioError
 
 
@@ -34,10 +35,10 @@ class Poisson:
     def times(self, rng: random.Random, end: float) -> Iterator[float]:
         if self.rate <= 0:
             return
-        t = rng.expovariate(self.rate)
+        t = expovariate(rng, self.rate)
         while t < end:
             yield t
-            t += rng.expovariate(self.rate)
+            t += expovariate(rng, self.rate)
 
     def mean_rate(self, end: float) -> float:
         return self.rate
@@ -87,7 +88,7 @@ class OnOff:
         on = self.start_on
         while True:
             mean = self.on_s if on else self.off_s
-            d = rng.expovariate(1.0 / mean) if self.random_periods and mean > 0 else mean
+            d = expovariate(rng, 1.0 / mean) if self.random_periods and mean > 0 else mean
             yield d, self.on_rate if on else self.off_rate
             on = not on
 
@@ -97,10 +98,10 @@ class OnOff:
         for dur, rate in self._periods(seg_rng):
             stop = min(start + dur, end)
             if rate > 0:
-                t = start + rng.expovariate(rate)
+                t = start + expovariate(rng, rate)
                 while t < stop:
                     yield t
-                    t += rng.expovariate(rate)
+                    t += expovariate(rng, rate)
             start += dur
             if start >= end:
                 return
@@ -145,7 +146,7 @@ class Daily:
         t = 0.0
         rate = self.rate
         while True:  # thinning: candidates at the top rate, kept with rate(t) / top
-            t += rng.expovariate(top)
+            t += expovariate(rng, top)
             if t >= end:
                 return
             if rng.random() * top < rate(t):
@@ -190,10 +191,10 @@ class Profile:
         for a, b, rate in self._segments(end):
             if rate <= 0 or a >= b:
                 continue
-            t = a + rng.expovariate(rate)
+            t = a + expovariate(rng, rate)
             while t < b:
                 yield t
-                t += rng.expovariate(rate)
+                t += expovariate(rng, rate)
 
     def mean_rate(self, end: float) -> float:
         total = sum((b - a) * r for a, b, r in self._segments(end) if b > a)

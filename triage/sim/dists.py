@@ -20,6 +20,30 @@ from triage.sim.errors import ScenarioError
 
 EMPIRICAL_SAMPLE = 10_000  # values kept from a file column (reservoir sample)
 
+# random.Random's exponential and lognormal draws, restated so the compiled simulator
+# runs them natively: the same arithmetic on the same rng.random() stream, so every
+# draw is bit-identical to rng.expovariate / rng.lognormvariate (tests pin that).
+_NV_MAGICCONST = 4 * math.exp(-0.5) / math.sqrt(2.0)
+_log = math.log
+_exp = math.exp
+
+
+def expovariate(rng: random.Random, rate: float) -> float:
+    """rng.expovariate(rate)."""
+    return -_log(1.0 - rng.random()) / rate
+
+
+def lognormvariate(rng: random.Random, mu: float, sigma: float) -> float:
+    """rng.lognormvariate(mu, sigma) (Kinderman-Monahan, as random.normalvariate)."""
+    while True:
+        u1 = rng.random()
+        u2 = 1.0 - rng.random()
+        z = _NV_MAGICCONST * (u1 - 0.5) / u2
+        zz = z * z / 4.0
+        if zz <= -_log(u2):
+            break
+    return _exp(mu + z * sigma)
+
 
 class TokenDist(Protocol):
     """Draws a positive token count."""
@@ -66,7 +90,7 @@ class LogNormal:
         self.lo, self.hi = lo, hi
 
     def sample(self, rng: random.Random) -> int:
-        v = int(rng.lognormvariate(self.mu, self.sigma) + 0.5)
+        v = int(lognormvariate(rng, self.mu, self.sigma) + 0.5)
         return self.lo if v < self.lo else (self.hi if v > self.hi else v)
 
     def mean(self) -> float:

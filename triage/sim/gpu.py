@@ -45,8 +45,9 @@ import random
 from collections import deque
 from collections.abc import Mapping
 from statistics import NormalDist
-from typing import NamedTuple
+from typing import ClassVar, Final
 
+from triage.admission.record import Record
 from triage.config.models import GIB, ModelConfig, TriageConfig
 
 SeqKey = str | int
@@ -62,25 +63,53 @@ class SequenceRejectedError(ValueError):
     """A submit the engine can never serve (unknown model, duplicate key, too large)."""
 
 
-class FinishedSequence(NamedTuple):
+_FINISHED_FIELDS = (
+    "key", "model", "prompt_tokens", "output_tokens", "submitted_at", "started_at",
+    "first_token_at", "finished_at", "mean_concurrency", "recomputed_tokens",
+    "engine_preemptions", "aborted",
+)
+
+
+class FinishedSequence(Record):
     """How one sequence ended: completed, or aborted from outside with partial progress.
 
-    A NamedTuple rather than a frozen dataclass: as immutable, and several times cheaper
-    to build, which matters at a million sequences per simulation.
+    An immutable value record (triage.admission.record): one per sequence, so it must
+    be cheap to build at a million sequences per simulation.
     """
 
-    key: SeqKey
-    model: str
-    prompt_tokens: int
-    output_tokens: int  # tokens generated: all of them when completed, so far when aborted
-    submitted_at: float
-    started_at: float | None  # first time it left the engine queue (None: aborted waiting)
-    first_token_at: float | None  # end of its first prefill (None: aborted before it)
-    finished_at: float  # completion or abort time
-    mean_concurrency: float  # running sequences per decode step of this one (incl. itself)
-    recomputed_tokens: int  # tokens it had to prefill again after engine preemptions
-    engine_preemptions: int  # times the engine evicted it on KV overflow
-    aborted: bool
+    __slots__ = _FINISHED_FIELDS
+    _fields: ClassVar[tuple[str, ...]] = _FINISHED_FIELDS
+
+    def __init__(
+        self,
+        key: SeqKey,
+        model: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        submitted_at: float,
+        started_at: float | None,
+        first_token_at: float | None,
+        finished_at: float,
+        mean_concurrency: float,
+        recomputed_tokens: int,
+        engine_preemptions: int,
+        aborted: bool,
+    ) -> None:
+        self.key: Final = key
+        self.model: Final = model
+        self.prompt_tokens: Final = prompt_tokens
+        # tokens generated: all of them when completed, so far when aborted
+        self.output_tokens: Final = output_tokens
+        self.submitted_at: Final = submitted_at
+        # first time it left the engine queue (None: aborted while waiting)
+        self.started_at: Final = started_at
+        self.first_token_at: Final = first_token_at  # end of its first prefill (None: before)
+        self.finished_at: Final = finished_at  # completion or abort time
+        # running sequences per decode step of this one (incl. itself)
+        self.mean_concurrency: Final = mean_concurrency
+        self.recomputed_tokens: Final = recomputed_tokens  # prefilled again (engine preemptions)
+        self.engine_preemptions: Final = engine_preemptions  # evictions on KV overflow
+        self.aborted: Final = aborted
 
     @property
     def prefill_s(self) -> float:

@@ -15,25 +15,39 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, Final
 
+from triage.admission.record import Record
 from triage.config.models import TriageConfig
 from triage.sim.arrivals import ArrivalProcess, parse_arrivals
 from triage.sim.dists import TokenDist, parse_dist
 from triage.sim.errors import ScenarioError
 
+_ARRIVAL_FIELDS = (
+    "t", "tenant", "model", "prompt_tokens", "max_tokens", "output_tokens", "sla_s",
+    "request_id",
+)
 
-class Arrival(NamedTuple):
-    """One request as the simulator replays it."""
 
-    t: float  # arrival time, seconds from the start of the run
-    tenant: str
-    model: str
-    prompt_tokens: int  # >= 1
-    max_tokens: int  # >= 1: what admission reserves KV for
-    output_tokens: int  # 1..max_tokens: what the GPU will really generate
-    sla_s: float | None = None  # per-request SLA (None: the tenant's)
-    request_id: str | None = None  # a recorded id to keep (replay); None: numbered r1, r2..
+class Arrival(Record):
+    """One request as the simulator replays it (an immutable value record)."""
+
+    __slots__ = _ARRIVAL_FIELDS
+    _fields: ClassVar[tuple[str, ...]] = _ARRIVAL_FIELDS
+
+    def __init__(
+        self, t: float, tenant: str, model: str, prompt_tokens: int, max_tokens: int,
+        output_tokens: int, sla_s: float | None = None, request_id: str | None = None,
+    ) -> None:
+        self.t: Final = t  # arrival time, seconds from the start of the run
+        self.tenant: Final = tenant
+        self.model: Final = model
+        self.prompt_tokens: Final = prompt_tokens  # >= 1
+        self.max_tokens: Final = max_tokens  # >= 1: what admission reserves KV for
+        self.output_tokens: Final = output_tokens  # 1..max_tokens: what the GPU will generate
+        self.sla_s: Final = sla_s  # per-request SLA (None: the tenant's)
+        # a recorded id to keep (replay); None: numbered r1, r2..
+        self.request_id: Final = request_id
 
 
 def shape(prompt: int, max_tokens: int, output: int, context: int) -> tuple[int, int, int]:
