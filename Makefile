@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 
 $(NATIVE): $(STAMP) $(CORE_SOURCES)
 	@rm -rf build $(addsuffix /*.so,$(COMPILED_DIRS)) $(addsuffix /*.so.stale,$(COMPILED_DIRS))
-	@echo "compiling the admission core and the simulator with mypyc (pure Python runs if this fails) ..."
+	@echo "compiling the admission core, the simulator and the reason codes with mypyc (pure Python runs if this fails) ..."
 	@TRIAGE_COMPILE=1 $(BIN)/python setup.py -q build_ext --inplace >$(VENV)/mypyc.log 2>&1 \
 	  && touch $(addsuffix /*.so,$(COMPILED_DIRS)) $@ \
 	  || echo "mypyc build failed (see $(VENV)/mypyc.log): running pure Python"

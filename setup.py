@@ -14,7 +14,10 @@ import os
 from setuptools import setup
 
 COMPILED = [
+    "triage/topics/reasons.py",  # enum members of a compiled module are read from C statics
     "triage/admission/record.py",
+    "triage/admission/heaps.py",
+    "triage/admission/policy.py",
     "triage/admission/decision.py",
     "triage/admission/quota.py",
     "triage/admission/predictor.py",

@@ -1,9 +1,10 @@
-"""The mypyc build of the hot packages: its freshness guard and the pure-Python switch.
+"""The mypyc build of the hot modules: its freshness guard and the pure-Python switch.
 
-`make compile` (setup.py) compiles the admission core and the simulator's event loop
-to C extension modules beside their sources, as one group: compiled modules call
-each other natively, so the group is used whole or not at all. Each of those
-packages calls `guard()` in its __init__, before any of its modules is imported:
+`make compile` (setup.py) compiles the admission core, the simulator's event loop and
+the reason-code enums to C extension modules beside their sources, as one group:
+compiled modules call each other natively, so the group is used whole or not at all.
+Each package holding compiled modules imports this module first thing in its
+__init__ (importing it runs `guard()` once per process), before any of them loads:
 
 - a build older than any of its sources is set aside (renamed *.so.stale) in every
   package of the group, so an edited source is never shadowed by a stale extension
@@ -24,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 
 _ROOT = Path(__file__).resolve().parent
-PACKAGES = ("admission", "sim")  # the packages with compiled modules (setup.py COMPILED)
+PACKAGES = ("admission", "sim", "topics")  # the packages with compiled modules (setup.py COMPILED)
 PURE_ENV = "TRIAGE_PURE_CORE"
 _done = False
 
@@ -92,3 +93,6 @@ def guard() -> None:
         sys.meta_path.insert(0, _SourcesOnly())
     else:
         _set_aside_stale_build()
+
+
+guard()

@@ -110,11 +110,13 @@ def _drive(policy: str, evs: list[tuple[float, object]]) -> tuple[list[Decision]
             check(core.complete(pool="p", request_id=p.request_id, attempt=p.attempt, ok=ev.ok,
                                 output_tokens=int(p.expected_out), prefill_s=0.01,
                                 decode_s=0.2, concurrency=float(p.gpu.running), now=now))  # type: ignore[attr-defined]
-    # drain: finish everything and tick past every wait
+    # drain: finish everything and tick past every wait, on the same tick grid (a drain
+    # step off the grid would leave a gap longer than a tick between two ticks)
     for _ in range(400):
         if not d.inflight and not len(d.queue):
             break
-        now += TICK
+        now = next_tick
+        next_tick += TICK
         for p in sorted(d.inflight.values(), key=lambda p: p.seq):
             check(core.complete(pool="p", request_id=p.request_id, attempt=p.attempt, ok=True,
                                 output_tokens=1, prefill_s=0.01, decode_s=0.1, concurrency=1.0,

@@ -7,6 +7,4 @@ runs the sources instead.
 
 from __future__ import annotations
 
-from triage.native import guard
-
-guard()
+import triage.native  # noqa: F401  (sets a stale compiled build aside first)

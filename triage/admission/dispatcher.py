@@ -14,6 +14,8 @@ ones slipping by; a tightened head is the exception: it waits by design).
 
 from __future__ import annotations
 
+from typing import Final
+
 from triage.admission.decision import Decision, ScaleEvent
 from triage.admission.fairness import FairShare
 from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
@@ -24,17 +26,28 @@ from triage.admission.predictor import WorkloadPredictor
 from triage.admission.preemption import RunnerHeap, outranks, should_preempt
 from triage.admission.queue import PoolQueue
 from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.reasons import ReasonCode as R
 
-ACCEPT, QUEUE, REJECT, TIMEOUT, PREEMPT, COMPLETE = (
-    Outcome.ACCEPT, Outcome.QUEUE, Outcome.REJECT, Outcome.TIMEOUT, Outcome.PREEMPT,
-    Outcome.COMPLETE,
-)
-R = ReasonCode
-PREEMPT_CANDIDATES = 4
-# Preemption frees KV memory; a head short of time gains little from one fewer
-# neighbour and the victim pays its prefill again, so only memory shortage preempts.
-PREEMPT_FOR = (R.GPU_MEMORY_INSUFFICIENT, R.RESERVATION_FLOOR)
-_MEMORY_REASONS = frozenset(
+# Module names are Final so the compiled build reads them from C statics (any other
+# global costs a dict lookup on every use); R is an import alias for the same reason.
+ACCEPT: Final = Outcome.ACCEPT
+QUEUE: Final = Outcome.QUEUE
+REJECT: Final = Outcome.REJECT
+TIMEOUT: Final = Outcome.TIMEOUT
+PREEMPT: Final = Outcome.PREEMPT
+COMPLETE: Final = Outcome.COMPLETE
+PREEMPT_CANDIDATES: Final = 4
+
+
+def _preempts_for(reason: ReasonCode) -> bool:
+    """May a head blocked for `reason` preempt? Preemption frees KV memory; a head short
+    of time gains little from one fewer neighbour and the victim pays its prefill again,
+    so only memory shortage preempts. (Identity tests, not `in` a tuple: that compares
+    strings on every blocked head.)"""
+    return reason is R.GPU_MEMORY_INSUFFICIENT or reason is R.RESERVATION_FLOOR
+
+
+_MEMORY_REASONS: Final = frozenset(
     {R.GPU_MEMORY_INSUFFICIENT, R.RESERVATION_FLOOR, R.NO_CAPACITY, R.TIGHTENED}
 )
 
@@ -529,7 +542,7 @@ class Dispatcher:
                         aside.append(entry)
                     continue
                 slot, reason, raw, pred = self._fit(p, now)
-                if slot is None and self.flags.preemption and reason in PREEMPT_FOR:
+                if slot is None and self.flags.preemption and _preempts_for(reason):
                     slot, raw, pred = self._preempt_for(p, now, out)
                 if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
                     slot = None  # would take memory the held head may need

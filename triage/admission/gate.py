@@ -19,10 +19,12 @@ from triage.topics.reasons import Outcome, ReasonCode
 class TenantQuota:
     """A tenant's bucket, request-rate limiter and offered-load meter."""
 
-    __slots__ = ("bucket", "cfg", "offered", "requests")
+    __slots__ = ("allow_overage", "bucket", "cfg", "offered", "rate", "requests")
 
     def __init__(self, cfg: TenantConfig) -> None:
         self.cfg = cfg
+        self.rate = cfg.rate_tokens_per_s  # copied out of the (pydantic) config: read per request
+        self.allow_overage = cfg.allow_overage
         self.bucket = TokenBucket(
             rate=cfg.rate_tokens_per_s, burst=cfg.burst_tokens, max_debt=cfg.max_debt_tokens
         )
@@ -50,14 +52,13 @@ class Gate:
 
         Tightened pools suspend borrowing: debt is for quiet times."""
         tq = self.quotas[p.tenant]
-        cfg = tq.cfg
         expected_out = self.predictor.ratio(p.tenant).value * p.max_tokens
         if expected_out < 1.0:
             expected_out = 1.0
         p.expected_out = expected_out
         cost = p.prompt_tokens + expected_out
         p.expected_tokens = cost
-        p.pressure = tq.offered.add(cost, now) / cfg.rate_tokens_per_s
+        p.pressure = tq.offered.add(cost, now) / tq.rate
         flags = self.flags
         if not flags.quota:
             return None
@@ -80,7 +81,7 @@ class Gate:
                 bucket.level -= cost
                 rl.level -= 1.0
                 return None
-        if cfg.allow_overage:
+        if tq.allow_overage:
             p.overage = True
             p.cls = 1
             return None

@@ -17,9 +17,8 @@ spreads load) is O(log n).
 
 from __future__ import annotations
 
-import heapq
-
 from triage.admission.errors import UnknownGpuError
+from triage.admission.heaps import heapify, heappop, heappush
 from triage.admission.predictor import CostModel
 
 
@@ -221,7 +220,7 @@ class PoolLedger:
             s = slots[idx]
             if ver == s.version and s.up:
                 return s, -negk
-            heapq.heappop(heap)
+            heappop(heap)
         return None, 0
 
     def best(self, model: str, tenant: str, nbytes: int) -> GpuSlot | None:
@@ -283,7 +282,7 @@ class PoolLedger:
         used = slot.model_used
         ver = slot.version
         idx = slot.index
-        push = heapq.heappush
+        push = heappush
         limit = 4 * len(self.slots) + 64
         for m, heap in self._heaps.items():
             f = floors.get(m)
@@ -302,5 +301,5 @@ class PoolLedger:
             if s.up:
                 a = min(s.avail_model(model), s.budget - s.tenant_committed)
                 heap.append((-a, s.version, s.index))
-        heapq.heapify(heap)
+        heapify(heap)
         self._heaps[model] = heap

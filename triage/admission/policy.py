@@ -6,30 +6,75 @@ A preset fixes the flags; explicit fields in PolicyConfig override the preset, s
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from typing import ClassVar, Final
 
+from triage.admission.record import Record
 from triage.config.models import PolicyConfig, PolicyPreset
 
+_FLAG_FIELDS = (
+    "name",
+    "version",
+    "quota",
+    "borrowing",
+    "memory_fit",
+    "sla_fit",
+    "queue",
+    "fairness",
+    "preemption",
+    "hysteresis",
+    "variance_buffer",
+    "preempt_sla_factor",
+    "lookahead",
+    "backfill_s",
+    "fair_share_tolerance",
+)
 
-@dataclass(frozen=True, slots=True)
-class PolicyFlags:
-    """Which checks run; every decision names the policy that made it."""
 
-    name: str  # shown on every decision record
-    version: str  # policy version, bumped when knobs change
-    quota: bool  # check 1: token bucket per tenant
-    borrowing: bool  # buckets may go into debt up to their ceiling
-    memory_fit: bool  # check 2: KV reservations on the ledger
-    sla_fit: bool  # check 3: predicted time x buffer against the SLA
-    queue: bool  # wait in the bounded queue (off: refuse instead)
-    fairness: bool  # check 4: weighted fair order (off: FIFO by arrival)
-    preemption: bool  # preempt a runner for a tighter, higher-priority request
-    hysteresis: bool  # tighten admission above the high threshold
-    variance_buffer: float | None  # fixed buffer; None: the predictor's adaptive buffer
-    preempt_sla_factor: float  # preempt only if queued slack < factor x runner remaining
-    lookahead: int  # tenants a dispatch pass may try past a blocked one
-    backfill_s: float  # a blocked head may be passed only while it has waited less than this
-    fair_share_tolerance: float  # tightened pools hold back tenants above this share
+class PolicyFlags(Record):
+    """Which checks run; every decision names the policy that made it. (A compiled value
+    record: the dispatcher reads these flags on every decision.)"""
+
+    __slots__ = _FLAG_FIELDS
+    _fields: ClassVar[tuple[str, ...]] = _FLAG_FIELDS
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        version: str,
+        quota: bool,
+        borrowing: bool,
+        memory_fit: bool,
+        sla_fit: bool,
+        queue: bool,
+        fairness: bool,
+        preemption: bool,
+        hysteresis: bool,
+        variance_buffer: float | None,
+        preempt_sla_factor: float,
+        lookahead: int,
+        backfill_s: float,
+        fair_share_tolerance: float,
+    ) -> None:
+        self.name: Final = name  # shown on every decision record
+        self.version: Final = version  # policy version, bumped when knobs change
+        self.quota: Final = quota  # check 1: token bucket per tenant
+        self.borrowing: Final = borrowing  # buckets may go into debt up to their ceiling
+        self.memory_fit: Final = memory_fit  # check 2: KV reservations on the ledger
+        self.sla_fit: Final = sla_fit  # check 3: predicted time x buffer against the SLA
+        self.queue: Final = queue  # wait in the bounded queue (off: refuse instead)
+        self.fairness: Final = fairness  # check 4: weighted fair order (off: FIFO by arrival)
+        self.preemption: Final = preemption  # preempt a runner for a tighter, more urgent one
+        self.hysteresis: Final = hysteresis  # tighten admission above the high threshold
+        # fixed buffer; None: the predictor's adaptive buffer
+        self.variance_buffer: Final = variance_buffer
+        # preempt only if queued slack < factor x runner remaining
+        self.preempt_sla_factor: Final = preempt_sla_factor
+        self.lookahead: Final = lookahead  # tenants a dispatch pass may try past a blocked one
+        # a blocked head may be passed only while it has waited less than this
+        self.backfill_s: Final = backfill_s
+        # tightened pools hold back tenants above this share
+        self.fair_share_tolerance: Final = fair_share_tolerance
 
 
 _PRESETS: dict[PolicyPreset, dict[str, bool]] = {
@@ -82,4 +127,4 @@ def resolve_policy(cfg: PolicyConfig) -> PolicyFlags:
 
 
 def flag_names() -> list[str]:
-    return [f.name for f in fields(PolicyFlags)]
+    return list(PolicyFlags._fields)

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import math
 from bisect import bisect_left, insort
+from typing import Final
 
-PRIOR_WEIGHT = 20.0  # pseudo-observations behind each prior
-DECODE_REF_TOKENS = 100.0  # decode observations weigh their output tokens; a prior counts this
+PRIOR_WEIGHT: Final = 20.0  # pseudo-observations behind each prior
+# decode observations weigh their output tokens; a prior counts this
+DECODE_REF_TOKENS: Final = 100.0
 _SUMS = ("pxx", "pxy", "dw", "dn", "dnn", "dy", "dny")  # a CostModel's learned state
 
 

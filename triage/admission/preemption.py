@@ -12,8 +12,7 @@ most remaining time (the only kind the rule can pick) is found in O(log n).
 
 from __future__ import annotations
 
-import heapq
-
+from triage.admission.heaps import heapify, heappop, heappush
 from triage.admission.pending import Pending
 
 
@@ -38,7 +37,7 @@ class RunnerHeap:
         self._heap: list[tuple[float, int, int, Pending]] = []
 
     def push(self, p: Pending) -> None:
-        heapq.heappush(self._heap, (-p.predicted_end, p.seq, p.attempt, p))
+        heappush(self._heap, (-p.predicted_end, p.seq, p.attempt, p))
 
     def latest_end(self, inflight: dict[str, Pending]) -> float | None:
         """Predicted end of the runner that will run longest (None when none runs)."""
@@ -47,7 +46,7 @@ class RunnerHeap:
             negend, _seq, attempt, p = heap[0]
             if inflight.get(p.request_id) is p and p.attempt == attempt:
                 return -negend
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def candidates(
@@ -58,13 +57,13 @@ class RunnerHeap:
         taken: list[tuple[float, int, int, Pending]] = []
         out: list[Pending] = []
         while heap and len(out) < limit:
-            entry = heapq.heappop(heap)
+            entry = heappop(heap)
             p = entry[3]
             if inflight.get(p.request_id) is p and p.attempt == entry[2]:
                 out.append(p)
                 taken.append(entry)
         for entry in taken:
-            heapq.heappush(heap, entry)
+            heappush(heap, entry)
         return out
 
     def compact(self, inflight: dict[str, Pending]) -> None:
@@ -72,7 +71,7 @@ class RunnerHeap:
         self._heap = [
             e for e in self._heap if inflight.get(e[3].request_id) is e[3] and e[3].attempt == e[2]
         ]
-        heapq.heapify(self._heap)
+        heapify(self._heap)
 
     def __len__(self) -> int:
         return len(self._heap)

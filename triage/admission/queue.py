@@ -9,11 +9,12 @@ push, pop and remove are O(log n).
 
 from __future__ import annotations
 
-import heapq
+from typing import Final
 
+from triage.admission.heaps import heappop, heappush
 from triage.admission.pending import Pending
 
-_ALL = ""  # FIFO mode: every tenant shares one lane
+_ALL: Final = ""  # FIFO mode: every tenant shares one lane
 
 
 class PoolQueue:
@@ -68,10 +69,10 @@ class PoolQueue:
         if lane is None:
             lane = self._lanes[lane_key] = []
         entry = (0, float(p.seq), p.seq, p) if self.fifo else (p.cls, p.deadline, p.seq, p)
-        heapq.heappush(lane, entry)
+        heappush(lane, entry)
         if lane[0][2] == p.seq:  # it became the lane's head (compare seqs, not identity:
             self._touch_lane(lane_key, service)  # compiled code re-boxes tuples)
-        heapq.heappush(self._expiry, (p.expires_at, p.seq, p))
+        heappush(self._expiry, (p.expires_at, p.seq, p))
 
     def _valid(self, p: Pending, seq: int) -> bool:
         return p.seq == seq and self.members.get(p.request_id) is p
@@ -82,7 +83,7 @@ class PoolQueue:
             _, _, seq, p = lane[0]
             if self._valid(p, seq):
                 return p
-            heapq.heappop(lane)
+            heappop(lane)
         return None
 
     def _touch_lane(self, lane_key: str, service: float) -> None:
@@ -91,9 +92,9 @@ class PoolQueue:
         self._lane_ver[lane_key] = ver
         if head is not None:
             if self.fifo:
-                heapq.heappush(self._lane_heap, (0, 0.0, 0.0, head.seq, ver, lane_key))
+                heappush(self._lane_heap, (0, 0.0, 0.0, head.seq, ver, lane_key))
             else:
-                heapq.heappush(
+                heappush(
                     self._lane_heap, (head.cls, service, head.deadline, head.seq, ver, lane_key)
                 )
 
@@ -106,17 +107,20 @@ class PoolQueue:
                 p = self._lane_head(lane_key)
                 if p is not None and p.seq == _seq:
                     return p, (cls, service, deadline)
-            heapq.heappop(heap)
+            heappop(heap)
         return None
 
     def set_aside(self) -> tuple[int, float, float, int, int, str] | None:
-        """Pop the top lane entry (valid) so a dispatch pass can look at the next lane."""
-        if self.head() is None:
-            return None
-        return heapq.heappop(self._lane_heap)
+        """Pop the top lane entry so a dispatch pass can look at the next lane.
+
+        Call it right after head() returned a request, with no queue change in between:
+        head() left that lane's (valid) entry on top, so it is popped without a second
+        validation (a pass sets a lane aside several times per completion)."""
+        heap = self._lane_heap
+        return heappop(heap) if heap else None
 
     def put_back(self, entry: tuple[int, float, float, int, int, str]) -> None:
-        heapq.heappush(self._lane_heap, entry)
+        heappush(self._lane_heap, entry)
 
     def remove(self, p: Pending, service: float, work_s: float) -> None:
         """Take `p` out (dispatched, expired, cancelled); its heap entries die lazily."""
@@ -144,7 +148,7 @@ class PoolQueue:
         out: list[Pending] = []
         heap = self._expiry
         while heap and heap[0][0] <= now:
-            _, seq, p = heapq.heappop(heap)
+            _, seq, p = heappop(heap)
             if self._valid(p, seq):
                 out.append(p)
         return out
@@ -155,5 +159,5 @@ class PoolQueue:
             _, seq, p = heap[0]
             if self._valid(p, seq):
                 return heap[0][0]
-            heapq.heappop(heap)
+            heappop(heap)
         return None

@@ -11,8 +11,9 @@ the retry hint exact: (cost - floor - level) / rate seconds.
 from __future__ import annotations
 
 import math
+from typing import Final
 
-EPSILON = 1e-9  # relative slack, so a client returning exactly at the hint is admitted
+EPSILON: Final = 1e-9  # relative slack, so a client returning exactly at the hint is admitted
 
 
 class TokenBucket:

@@ -3,6 +3,4 @@ admission core (`make compile`); triage.native guards that build."""
 
 from __future__ import annotations
 
-from triage.native import guard
-
-guard()
+import triage.native  # noqa: F401  (sets a stale compiled build aside first)

@@ -14,7 +14,7 @@ import random
 from bisect import bisect_right
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from triage.sim.errors import ScenarioError
 
@@ -23,14 +23,12 @@ EMPIRICAL_SAMPLE = 10_000  # values kept from a file column (reservoir sample)
 # random.Random's exponential and lognormal draws, restated so the compiled simulator
 # runs them natively: the same arithmetic on the same rng.random() stream, so every
 # draw is bit-identical to rng.expovariate / rng.lognormvariate (tests pin that).
-_NV_MAGICCONST = 4 * math.exp(-0.5) / math.sqrt(2.0)
-_log = math.log
-_exp = math.exp
+_NV_MAGICCONST: Final = 4 * math.exp(-0.5) / math.sqrt(2.0)
 
 
 def expovariate(rng: random.Random, rate: float) -> float:
     """rng.expovariate(rate)."""
-    return -_log(1.0 - rng.random()) / rate
+    return -math.log(1.0 - rng.random()) / rate
 
 
 def lognormvariate(rng: random.Random, mu: float, sigma: float) -> float:
@@ -40,9 +38,9 @@ def lognormvariate(rng: random.Random, mu: float, sigma: float) -> float:
         u2 = 1.0 - rng.random()
         z = _NV_MAGICCONST * (u1 - 0.5) / u2
         zz = z * z / 4.0
-        if zz <= -_log(u2):
+        if zz <= -math.log(u2):
             break
-    return _exp(mu + z * sigma)
+    return math.exp(mu + z * sigma)
 
 
 class TokenDist(Protocol):

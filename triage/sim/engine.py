@@ -19,15 +19,17 @@ Only live requests are held (`_live`, `_by_key`); both are empty after a run.
 
 from __future__ import annotations
 
-import heapq
+import gc
 import logging
 import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
 
 from triage.admission.core import AdmissionCore
 from triage.admission.decision import Decision
+from triage.admission.heaps import heappop, heappush
 from triage.config.models import PolicyConfig, TriageConfig
 from triage.sim.errors import SimError
 from triage.sim.gpu import (
@@ -45,11 +47,14 @@ from triage.topics.reasons import Outcome, ReasonCode
 
 log = logging.getLogger(__name__)
 
-INF = math.inf
-ACCEPT, QUEUE, REJECT, TIMEOUT, PREEMPT, COMPLETE = (
-    Outcome.ACCEPT, Outcome.QUEUE, Outcome.REJECT, Outcome.TIMEOUT, Outcome.PREEMPT,
-    Outcome.COMPLETE,
-)
+INF: Final = math.inf
+# Final: the compiled build reads these from C statics, not the module dict
+ACCEPT: Final = Outcome.ACCEPT
+QUEUE: Final = Outcome.QUEUE
+REJECT: Final = Outcome.REJECT
+TIMEOUT: Final = Outcome.TIMEOUT
+PREEMPT: Final = Outcome.PREEMPT
+COMPLETE: Final = Outcome.COMPLETE
 ProgressFn = Callable[[float, int], None]  # (virtual now, arrivals so far)
 DecisionsFn = Callable[[list[Decision], float], None]  # every batch the core returns, with now
 EventFn = Callable[[float], None]  # after each event is fully handled, with its time
@@ -161,6 +166,16 @@ class Simulator:
             raise SimError("a Simulator runs once; build another for another run")
         self._ran = True
         wall0 = time.perf_counter()
+        # Everything built before the run (imports, config, core, GPUs) outlives it, so
+        # the collections the run's allocations trigger need not rescan it.
+        gc.freeze()
+        try:
+            self._loop()
+        finally:
+            gc.unfreeze()
+        return build_result(self, wall_s=time.perf_counter() - wall0)
+
+    def _loop(self) -> None:
         core = self.core
         tick_s = self.policy.tick_ms / 1000.0
         tick_k = 1
@@ -183,7 +198,7 @@ class Simulator:
                 break
             tg = heap[0][0] if heap else INF
             if tg <= ta and tg <= next_tick and tg <= next_sample:
-                t, idx = heapq.heappop(heap)
+                t, idx = heappop(heap)
                 g = self.gpus[idx]
                 if g.sched != t:
                     continue
@@ -195,7 +210,7 @@ class Simulator:
                 te = eng.next_event_time()
                 if te is not None and te < g.sched:
                     g.sched = te
-                    heapq.heappush(heap, (te, idx))
+                    heappush(heap, (te, idx))
                 if dirty:
                     self._settle(t)
             elif next_sample <= ta and next_sample <= next_tick:
@@ -229,7 +244,6 @@ class Simulator:
         self._sample(self.now)
         if self.progress is not None:
             self.progress(self.now, self.arrivals)
-        return build_result(self, wall_s=time.perf_counter() - wall0)
 
     @property
     def live_requests(self) -> int:
@@ -287,11 +301,11 @@ class Simulator:
             elif o is QUEUE:
                 if not lv.queued:
                     lv.queued = True
-                    lv.stats.queue(d.reason.value)
+                    lv.stats.queue(str(d.reason))  # StrEnum: its value, minus Enum.value's lookup
             elif o is COMPLETE:
                 self._completed(lv, d, now)
             elif o is REJECT:
-                lv.stats.reject(d.reason.value)
+                lv.stats.reject(str(d.reason))
                 self._end(lv)
             elif o is TIMEOUT:
                 lv.stats.timeout()
@@ -390,7 +404,7 @@ class Simulator:
             t = eng.next_event_time()
             if t is not None and t < g.sched:
                 g.sched = t
-                heapq.heappush(heap, (t, g.index))
+                heappush(heap, (t, g.index))
 
     def _finish(self, fs: FinishedSequence, now: float) -> None:
         entry = self._by_key.pop(fs.key, None)

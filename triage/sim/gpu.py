@@ -39,24 +39,25 @@ The engine, like vLLM without a front door:
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from statistics import NormalDist
 from typing import ClassVar, Final
 
+from triage.admission.heaps import heappop, heappush
 from triage.admission.record import Record
 from triage.config.models import GIB, ModelConfig, TriageConfig
 
 SeqKey = str | int
 
-_FINISH, _OVERFLOW = 0, 1
-_RESYNC_EVERY = 1024  # batch changes between exact recomputations of the KV sum
-_NOISE_LEVELS = 4096
+_FINISH: Final = 0
+_OVERFLOW: Final = 1
+_RESYNC_EVERY: Final = 1024  # batch changes between exact recomputations of the KV sum
+_NOISE_LEVELS: Final = 4096
 # Normal quantiles at cell midpoints: a noise draw is one random() and one lookup.
-_Z = [NormalDist().inv_cdf((i + 0.5) / _NOISE_LEVELS) for i in range(_NOISE_LEVELS)]
+_Z: Final = [NormalDist().inv_cdf((i + 0.5) / _NOISE_LEVELS) for i in range(_NOISE_LEVELS)]
 
 
 class SequenceRejectedError(ValueError):
@@ -131,6 +132,20 @@ class FinishedSequence(Record):
         return start - self.submitted_at
 
 
+class _ModelTiming:
+    """A served model's timing on this GPU, read from its (pydantic) config once: a
+    config attribute read costs far more than a native one, per sequence."""
+
+    __slots__ = ("bpt", "decode_s", "name", "prefill_s", "slowdown")
+
+    def __init__(self, model: ModelConfig, speed: float) -> None:
+        self.name = model.name
+        self.decode_s = model.decode_s_per_token
+        self.prefill_s = model.prefill_s_per_token / speed
+        self.slowdown = model.batch_slowdown
+        self.bpt = model.kv_bytes_per_token
+
+
 class _Seq:
     """Mutable engine-side state of one sequence."""
 
@@ -140,15 +155,13 @@ class _Seq:
         "recomputed", "slowdown", "started_at", "submitted_at",
     )  # fmt: skip
 
-    def __init__(
-        self, key: SeqKey, model: ModelConfig, bpt: int, speed: float, prompt: int, output: int
-    ) -> None:
+    def __init__(self, key: SeqKey, model: _ModelTiming, prompt: int, output: int) -> None:
         self.key = key
         self.model = model.name
-        self.decode_s = model.decode_s_per_token
-        self.prefill_s = model.prefill_s_per_token / speed  # seconds per prefilled token
-        self.slowdown = model.batch_slowdown
-        self.bpt = bpt
+        self.decode_s = model.decode_s
+        self.prefill_s = model.prefill_s  # seconds per prefilled token on this GPU
+        self.slowdown = model.slowdown
+        self.bpt = model.bpt
         self.prompt = prompt
         self.output = output
         self.generated = 0  # whole tokens generated before the current run
@@ -170,7 +183,7 @@ class SimulatedGpu:
     __slots__ = (
         "_blocked", "_busy_acc", "_busy_mark", "_changes", "_epoch", "_gpu_type", "_heap",
         "_j_anchor", "_kv_a", "_kv_b", "_kv_read", "_max_num_seqs", "_models", "_n_by_model",
-        "_next_cache", "_noise_table", "_outbox", "_recomputed", "_rng", "_running",
+        "_next_cache", "_noise_table", "_outbox", "_rand", "_recomputed", "_rng", "_running",
         "_s_anchor", "_seqs", "_speed", "_step_dt", "_t", "_t_anchor", "_waiting",
         "_waiting_live", "engine_preemptions", "gpu_id", "kv_budget_bytes",
     )  # fmt: skip
@@ -196,9 +209,10 @@ class SimulatedGpu:
         self._gpu_type = gpu_type
         self._speed = speed
         self.kv_budget_bytes = kv_budget_bytes
-        self._models = {name: (m, m.kv_bytes_per_token) for name, m in models.items()}
+        self._models = {name: _ModelTiming(m, speed) for name, m in models.items()}
         self._max_num_seqs = max_num_seqs
         self._rng = random.Random(seed)
+        self._rand: Callable[[], float] = self._rng.random  # bound once: a draw per batch
         self._noise_table: list[float] | None = None
         if noise > 0:
             table = [math.exp(noise * z) for z in _Z]
@@ -283,14 +297,14 @@ class SimulatedGpu:
             raise SequenceRejectedError(f"{self.gpu_id}: sequence {key!r} is already here")
         if prompt_tokens < 1 or output_tokens < 0:
             raise SequenceRejectedError("prompt_tokens must be >= 1 and output_tokens >= 0")
-        mc, bpt = entry
+        bpt = entry.bpt
         if (prompt_tokens + output_tokens) * bpt > self.kv_budget_bytes:
             raise SequenceRejectedError(
                 f"{self.gpu_id}: {prompt_tokens}+{output_tokens} tokens of {model} need "
                 f"{(prompt_tokens + output_tokens) * bpt} KV bytes, budget {self.kv_budget_bytes}"
             )
         self._run_until(now)
-        seq = _Seq(key, mc, bpt, self._speed, prompt_tokens, output_tokens)
+        seq = _Seq(key, entry, prompt_tokens, output_tokens)
         seq.submitted_at = now
         self._seqs[key] = seq
         self._waiting.append(seq)
@@ -348,7 +362,7 @@ class SimulatedGpu:
             return None
         heap = self._heap
         while heap[0][2].epoch != heap[0][1]:
-            heapq.heappop(heap)  # stale: aborted or preempted since it was pushed
+            heappop(heap)  # stale: aborted or preempted since it was pushed
         step, kind = heap[0][0], _FINISH
         if len(self._running) > 1:  # alone, a sequence always fits (checked at submit)
             over = (self.kv_budget_bytes - self._kv_a) / self._kv_b
@@ -369,7 +383,7 @@ class SimulatedGpu:
         self._t_anchor = t
         heap, running, seqs, outbox = self._heap, self._running, self._seqs, self._outbox
         while heap and heap[0][0] <= step:
-            _, epoch, seq = heapq.heappop(heap)
+            _, epoch, seq = heappop(heap)
             if seq.epoch == epoch:
                 self._leave(seq, step)
                 del seqs[seq.key]
@@ -428,7 +442,7 @@ class SimulatedGpu:
         self._epoch += 1
         seq.epoch = self._epoch
         self._running[seq.key] = seq
-        heapq.heappush(self._heap, (s + (seq.output - seq.generated), self._epoch, seq))
+        heappush(self._heap, (s + (seq.output - seq.generated), self._epoch, seq))
 
     def _leave(self, seq: _Seq, step: float) -> None:
         """Take a running sequence out at `step` (progress materialized up to it)."""
@@ -502,7 +516,7 @@ class SimulatedGpu:
         table = self._noise_table
         if table is None:
             return 1.0
-        return table[int(self._rng.random() * _NOISE_LEVELS)]
+        return table[int(self._rand() * _NOISE_LEVELS)]
 
     def _result(self, seq: _Seq, now: float, *, aborted: bool) -> FinishedSequence:
         first = seq.first_token_at

@@ -8,16 +8,15 @@ within 1%, which is finer than any SLA anyone writes.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Final
 
-LO_S = 1e-3  # values below land in the first bucket
-HI_S = 1e5  # values above land in the last
-GROWTH = 1.02  # each bucket is 2% wider than the one before
-_LOG_G = math.log(GROWTH)
-_INV_LOG_G = 1.0 / _LOG_G
-_LOG_LO = math.log(LO_S)
-_log = math.log
-NBUCKETS = math.ceil(math.log(HI_S / LO_S) / _LOG_G) + 2  # + underflow + overflow
+LO_S: Final = 1e-3  # values below land in the first bucket
+HI_S: Final = 1e5  # values above land in the last
+GROWTH: Final = 1.02  # each bucket is 2% wider than the one before
+_LOG_G: Final = math.log(GROWTH)
+_INV_LOG_G: Final = 1.0 / _LOG_G
+_LOG_LO: Final = math.log(LO_S)
+NBUCKETS: Final = math.ceil(math.log(HI_S / LO_S) / _LOG_G) + 2  # + underflow + overflow
 
 
 class LogHistogram:
@@ -41,7 +40,7 @@ class LogHistogram:
         elif x >= HI_S:
             self.counts[-1] += 1
         else:
-            self.counts[1 + int((_log(x) - _LOG_LO) * _INV_LOG_G)] += 1
+            self.counts[1 + int((math.log(x) - _LOG_LO) * _INV_LOG_G)] += 1
 
     def merge(self, other: LogHistogram) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts, strict=True)]

@@ -9,7 +9,6 @@ memory holds one pending arrival per stream, whatever the length of the run.
 
 from __future__ import annotations
 
-import heapq
 import math
 import random
 from collections.abc import Iterable, Iterator
@@ -17,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
+from triage.admission.heaps import heapify, heappop, heapreplace
 from triage.admission.record import Record
 from triage.config.models import TriageConfig
 from triage.sim.arrivals import ArrivalProcess, parse_arrivals
@@ -151,8 +151,8 @@ def merge_streams(streams: Iterable[Iterator[Arrival]]) -> Iterator[Arrival]:
         a = next(it, None)
         if a is not None:
             heap.append((a.t, i, a, it))
-    heapq.heapify(heap)
-    pop, replace = heapq.heappop, heapq.heapreplace
+    heapify(heap)
+    pop, replace = heappop, heapreplace
     while heap:
         _, i, a, it = heap[0]
         nxt = next(it, None)

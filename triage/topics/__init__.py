@@ -1,5 +1,6 @@
 """The wire contract: message models, topic names, reason codes, topic creation."""
 
+import triage.native  # noqa: F401  (reasons.py may be compiled: stale builds go first)
 from triage.topics.messages import (
     ALL_MESSAGES,
     AdmittedRequest,
