@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 import random
 
-from triage.admission.predictor import CostModel, OutputRatio, VarianceBuffer, WorkloadPredictor
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from triage.admission.predictor import (
+    CostModel,
+    OutputRatio,
+    VarianceBuffer,
+    WorkloadPredictor,
+    _bisect,
+)
 
 
 def test_priors_predict_before_any_completion() -> None:
@@ -115,3 +125,14 @@ def test_snapshot_restores_per_model_buffers() -> None:
     q.restore(p.snapshot())
     assert q.buffer_value("big") == p.buffer_value("big")
     assert q.buffer_value("small") == 1.3
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    xs=st.lists(st.sampled_from([0.5, 1.0, 1.3, 2.0]) | st.floats(0.0, 10.0), max_size=60),
+    x=st.sampled_from([0.5, 1.0, 1.3, 2.0]) | st.floats(0.0, 10.0) | st.just(float("inf")),
+)
+def test_the_buffers_bisect_matches_the_bisect_module(xs: list[float], x: float) -> None:
+    a = sorted(xs)
+    assert _bisect(a, x, False) == bisect.bisect_left(a, x)
+    assert _bisect(a, x, True) == bisect.bisect_right(a, x)

@@ -529,10 +529,9 @@ class Dispatcher:
         held = ""  # model of an aged head that holds the line for the memory it waits on
         try:
             while True:
-                head = q.head()
-                if head is None:
+                p = q.head_request()
+                if p is None:
                     break
-                p, _key = head
                 limit = limits.get(p.tenant)
                 if (limit is not None and self.tenant_running.get(p.tenant, 0) >= limit) or (
                     held and p.model == held
@@ -547,7 +546,7 @@ class Dispatcher:
                 if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
                     slot = None  # would take memory the held head may need
                 if slot is not None:
-                    q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
+                    q.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
                     self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
                     continue
                 # blocked: look past it, unless it has waited long (no starvation). Only a

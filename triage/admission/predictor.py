@@ -20,7 +20,6 @@ pseudo-observations, so predictions are sane before the first completion.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from typing import Final
 
 PRIOR_WEIGHT: Final = 20.0  # pseudo-observations behind each prior
@@ -146,6 +145,22 @@ class OutputRatio:
         self.value = self.total / self.weight
 
 
+def _bisect(a: list[float], x: float, right: bool) -> int:
+    """bisect.bisect_left (right=False) / bisect_right (True) on sorted floats: the same
+    index, but compiled it compares unboxed doubles instead of calling float's rich
+    compare ~9 times per lookup (the buffer does two lookups per completion)."""
+    lo = 0
+    hi = len(a)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        v = a[mid]
+        if v < x or (right and v == x):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
 class VarianceBuffer:
     """The factor the core multiplies predictions by: the (1 - target miss rate) quantile
     of actual/predicted over a sliding window; `initial` until enough samples."""
@@ -179,8 +194,8 @@ class VarianceBuffer:
             self._ring[self._i] = r
             self._i = (self._i + 1) % self.window
             # remove one copy of old from the sorted list (bisect keeps this O(log n) + shift)
-            del self._sorted[bisect_left(self._sorted, old)]
-        insort(self._sorted, r)
+            del self._sorted[_bisect(self._sorted, old, False)]
+        self._sorted.insert(_bisect(self._sorted, r, True), r)
         n = len(self._sorted)
         if n >= self.min_samples:
             k = min(n - 1, math.ceil(self.q * n) - 1)

@@ -98,32 +98,44 @@ class PoolQueue:
                     self._lane_heap, (head.cls, service, head.deadline, head.seq, ver, lane_key)
                 )
 
-    def head(self) -> tuple[Pending, tuple[int, float, float]] | None:
-        """The next request in fairness order, and its lane's key (class, service, deadline)."""
+    def head_request(self) -> Pending | None:
+        """The next request in fairness order; its lane's entry is left on top of the heap
+        (set_aside pops it). Returns no key, so a dispatch pass allocates nothing here."""
         heap = self._lane_heap
         while heap:
-            cls, service, deadline, _seq, ver, lane_key = heap[0]
+            _cls, _service, _deadline, seq, ver, lane_key = heap[0]
             if ver == self._lane_ver.get(lane_key):
                 p = self._lane_head(lane_key)
-                if p is not None and p.seq == _seq:
-                    return p, (cls, service, deadline)
+                if p is not None and p.seq == seq:
+                    return p
             heappop(heap)
         return None
+
+    def head(self) -> tuple[Pending, tuple[int, float, float]] | None:
+        """The next request in fairness order, and its lane's key (class, service, deadline)."""
+        p = self.head_request()
+        if p is None:
+            return None
+        cls, service, deadline, _seq, _ver, _lane = self._lane_heap[0]
+        return p, (cls, service, deadline)
 
     def set_aside(self) -> tuple[int, float, float, int, int, str] | None:
         """Pop the top lane entry so a dispatch pass can look at the next lane.
 
-        Call it right after head() returned a request, with no queue change in between:
-        head() left that lane's (valid) entry on top, so it is popped without a second
-        validation (a pass sets a lane aside several times per completion)."""
+        Call it right after head_request() (or head()) returned a request, with no queue
+        change in between: that left the lane's (valid) entry on top, so it is popped
+        without a second validation (a pass sets lanes aside several times per completion)."""
         heap = self._lane_heap
         return heappop(heap) if heap else None
 
     def put_back(self, entry: tuple[int, float, float, int, int, str]) -> None:
         heappush(self._lane_heap, entry)
 
-    def remove(self, p: Pending, service: float, work_s: float) -> None:
-        """Take `p` out (dispatched, expired, cancelled); its heap entries die lazily."""
+    def remove(self, p: Pending, service: float, work_s: float, *, rekeyed: bool = False) -> None:
+        """Take `p` out (dispatched, expired, cancelled); its heap entries die lazily.
+
+        rekeyed: the caller refreshes the tenant's lane right after (a dispatch charges
+        the tenant), so with per-tenant lanes this re-key would be stale at once."""
         if self.members.get(p.request_id) is not p:
             return
         del self.members[p.request_id]
@@ -135,8 +147,10 @@ class PoolQueue:
             del self.tenant_count[t]
         self.work_s = max(0.0, self.work_s - work_s)
         self.tenant_work_s[t] = max(0.0, self.tenant_work_s.get(t, 0.0) - work_s)
-        lane_key = _ALL if self.fifo else t
-        self._touch_lane(lane_key, service)
+        if self.fifo:
+            self._touch_lane(_ALL, service)
+        elif not rekeyed:
+            self._touch_lane(t, service)
 
     def refresh(self, tenant: str, service: float) -> None:
         """The tenant's service changed: re-key its lane."""
