@@ -522,7 +522,7 @@ class Dispatcher:
         q = self.queue
         if not q.members:
             return
-        aside = []
+        aside: list[object] = []
         skipped = 0
         limits = self.settings.max_concurrency if self.flags.quota else {}
         backfill = self.flags.backfill_s

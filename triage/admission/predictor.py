@@ -50,7 +50,7 @@ class CostModel:
         self, *, prefill_s_per_token: float, decode_s_per_token: float,
         batch_slowdown: float, half_life: int,
     ) -> None:
-        self.decay = 0.5 ** (1.0 / half_life)
+        self.decay: float = 0.5 ** (1.0 / half_life)  # typed: `**` is Any (boxed math)
         # prefill: y = a * x through the origin; sums at a 1,000-token reference prompt
         ref = 1000.0
         self.pxx = PRIOR_WEIGHT * ref * ref
@@ -130,7 +130,7 @@ class OutputRatio:
     __slots__ = ("decay", "total", "value", "weight")
 
     def __init__(self, *, prior: float, half_life: int) -> None:
-        self.decay = 0.5 ** (1.0 / half_life)
+        self.decay: float = 0.5 ** (1.0 / half_life)  # typed: `**` is Any (boxed math)
         self.weight = PRIOR_WEIGHT / 4.0
         self.total = prior * self.weight
         self.value = prior  # total / weight, kept current on each observation

@@ -9,7 +9,7 @@ push, pop and remove are O(log n).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final, cast
 
 from triage.admission.heaps import heappop, heappush
 from triage.admission.pending import Pending
@@ -104,7 +104,7 @@ class PoolQueue:
         heap = self._lane_heap
         while heap:
             _cls, _service, _deadline, seq, ver, lane_key = heap[0]
-            if ver == self._lane_ver.get(lane_key):
+            if ver == self._lane_ver.get(lane_key, -1):
                 p = self._lane_head(lane_key)
                 if p is not None and p.seq == seq:
                     return p
@@ -119,17 +119,20 @@ class PoolQueue:
         cls, service, deadline, _seq, _ver, _lane = self._lane_heap[0]
         return p, (cls, service, deadline)
 
-    def set_aside(self) -> tuple[int, float, float, int, int, str] | None:
+    def set_aside(self) -> object | None:
         """Pop the top lane entry so a dispatch pass can look at the next lane.
 
         Call it right after head_request() (or head()) returned a request, with no queue
         change in between: that left the lane's (valid) entry on top, so it is popped
-        without a second validation (a pass sets lanes aside several times per completion)."""
-        heap = self._lane_heap
+        without a second validation (a pass sets lanes aside several times per completion).
+        The entry is opaque to the caller: typed `object`, the compiled build hands the
+        tuple back as it is instead of unpacking it into native fields and rebuilding it."""
+        heap = cast(list[Any], self._lane_heap)
         return heappop(heap) if heap else None
 
-    def put_back(self, entry: tuple[int, float, float, int, int, str]) -> None:
-        heappush(self._lane_heap, entry)
+    def put_back(self, entry: object) -> None:
+        """Return an entry set_aside gave out."""
+        heappush(cast(list[Any], self._lane_heap), entry)
 
     def remove(self, p: Pending, service: float, work_s: float, *, rekeyed: bool = False) -> None:
         """Take `p` out (dispatched, expired, cancelled); its heap entries die lazily.
