@@ -8,6 +8,16 @@ from typing import ClassVar, Final
 from triage.admission.record import Record
 from triage.topics.reasons import Outcome, ReasonCode
 
+# The outcomes by short names, Final so the compiled build reads them from C statics
+# (a plain module global costs a dict lookup on every use); the dispatcher and the
+# simulator compare every decision's outcome against these.
+ACCEPT: Final = Outcome.ACCEPT
+QUEUE: Final = Outcome.QUEUE
+REJECT: Final = Outcome.REJECT
+TIMEOUT: Final = Outcome.TIMEOUT
+PREEMPT: Final = Outcome.PREEMPT
+COMPLETE: Final = Outcome.COMPLETE
+
 _DECISION_FIELDS = (
     "request_id",
     "tenant",

@@ -16,7 +16,16 @@ from __future__ import annotations
 
 from typing import Final
 
-from triage.admission.decision import Decision, ScaleEvent
+from triage.admission.decision import (
+    ACCEPT,
+    COMPLETE,
+    PREEMPT,
+    QUEUE,
+    REJECT,
+    TIMEOUT,
+    Decision,
+    ScaleEvent,
+)
 from triage.admission.fairness import FairShare
 from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
 from triage.admission.kvcache import GpuSlot, PoolLedger
@@ -30,12 +39,6 @@ from triage.topics.reasons import ReasonCode as R
 
 # Module names are Final so the compiled build reads them from C statics (any other
 # global costs a dict lookup on every use); R is an import alias for the same reason.
-ACCEPT: Final = Outcome.ACCEPT
-QUEUE: Final = Outcome.QUEUE
-REJECT: Final = Outcome.REJECT
-TIMEOUT: Final = Outcome.TIMEOUT
-PREEMPT: Final = Outcome.PREEMPT
-COMPLETE: Final = Outcome.COMPLETE
 PREEMPT_CANDIDATES: Final = 4
 
 

@@ -28,7 +28,15 @@ from dataclasses import dataclass
 from typing import Final
 
 from triage.admission.core import AdmissionCore
-from triage.admission.decision import Decision
+from triage.admission.decision import (
+    ACCEPT,
+    COMPLETE,
+    PREEMPT,
+    QUEUE,
+    REJECT,
+    TIMEOUT,
+    Decision,
+)
 from triage.admission.heaps import heappop, heappush
 from triage.config.models import PolicyConfig, TriageConfig
 from triage.sim.errors import SimError
@@ -43,18 +51,11 @@ from triage.sim.metrics import TenantStats
 from triage.sim.result import SimResult, build_result
 from triage.sim.series import TimeSeries
 from triage.sim.workload import Arrival
-from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.reasons import ReasonCode
 
 log = logging.getLogger(__name__)
 
 INF: Final = math.inf
-# Final: the compiled build reads these from C statics, not the module dict
-ACCEPT: Final = Outcome.ACCEPT
-QUEUE: Final = Outcome.QUEUE
-REJECT: Final = Outcome.REJECT
-TIMEOUT: Final = Outcome.TIMEOUT
-PREEMPT: Final = Outcome.PREEMPT
-COMPLETE: Final = Outcome.COMPLETE
 ProgressFn = Callable[[float, int], None]  # (virtual now, arrivals so far)
 DecisionsFn = Callable[[list[Decision], float], None]  # every batch the core returns, with now
 EventFn = Callable[[float], None]  # after each event is fully handled, with its time
