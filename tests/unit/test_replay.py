@@ -264,3 +264,15 @@ def test_cli_unreadable_file(tmp_path: Path, config_file: Path) -> None:
     res = CliRunner().invoke(app, ["replay", "-c", str(config_file), "-f", str(junk)])
     assert res.exit_code == 3
     assert "DecisionRecord" in " ".join(res.output.split())
+
+
+def test_unreadable_exports_raise_each_readers_source_error(tmp_path: Path) -> None:
+    from triage.audit.reader import DecisionSourceError, read_decisions_file
+    from triage.replay.errors import ReplaySourceError
+    from triage.replay.export_file import read_export
+
+    missing = tmp_path / "missing.jsonl"
+    with pytest.raises(DecisionSourceError, match="cannot read"):
+        read_decisions_file(missing, request_id="r1")
+    with pytest.raises(ReplaySourceError, match="cannot read"):
+        read_export(missing)

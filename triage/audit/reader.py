@@ -135,25 +135,28 @@ def _scan(
 
 
 @contextmanager
-def export_lines(path: str | Path) -> Iterator[tuple[Iterable[bytes], str]]:
-    """A decisions export's lines and the name to report them by (``-``: stdin); raises
-    OSError when the file cannot be read (audit and replay both read exports)."""
-    if str(path) == "-":
-        yield sys.stdin.buffer, "<stdin>"
-        return
-    with Path(path).open("rb") as stream:
-        yield stream, str(path)
+def export_lines(
+    path: str | Path, error: type[Exception]
+) -> Iterator[tuple[Iterable[bytes], str]]:
+    """A decisions export's lines and the name to report them by (``-``: stdin). A file
+    that cannot be opened or read raises `error` with the reason (audit and replay both
+    read exports, each with its own source error)."""
+    try:
+        if str(path) == "-":
+            yield sys.stdin.buffer, "<stdin>"
+            return
+        with Path(path).open("rb") as stream:
+            yield stream, str(path)
+    except OSError as exc:
+        raise error(f"{path}: cannot read: {exc.strerror or exc}") from None
 
 
 def read_decisions_file(
     path: str | Path, *, request_id: str, since_ms: int | None = None
 ) -> ScanResult:
     """The same from an export: JSON lines of DecisionRecord (``-`` reads stdin)."""
-    try:
-        with export_lines(path) as (lines, name):
-            return _scan_lines(lines, name, request_id, since_ms)
-    except OSError as exc:
-        raise DecisionSourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with export_lines(path, DecisionSourceError) as (lines, name):
+        return _scan_lines(lines, name, request_id, since_ms)
 
 
 def _scan_lines(

@@ -32,7 +32,7 @@ from triage.experiments.base import (
     summarize,
 )
 from triage.experiments.probes import RequestRecord, record, window_sums
-from triage.experiments.traffic import MODEL_8B, _a100, _lognormal, _pool
+from triage.experiments.traffic import MODEL_8B, a100_gpu_type, a100_pool, lognormal
 from triage.sim.scenario import Scenario
 
 NAME = "borrow"
@@ -50,8 +50,8 @@ BORROW, NOBORROW = "full", "full-noborrow"
 POLICIES = (BORROW, NOBORROW)
 STEADY = ("steady-a", "steady-b")
 
-_PROMPT = _lognormal(1000, 0.4, 64, 6000)
-_OUTPUT = _lognormal(100, 0.5, 4, 256)
+_PROMPT = lognormal(1000, 0.4, 64, 6000)
+_OUTPUT = lognormal(100, 0.5, 4, 256)
 _MEAN_TOKENS = math.exp(math.log(1000) + 0.4**2 / 2) + math.exp(math.log(100) + 0.5**2 / 2)
 
 
@@ -84,8 +84,8 @@ def spec(gpus: int, cycles: int, seed: int = 11) -> dict[str, Any]:
             f"90% of {STEADY_RATE:.0f} tokens/s, on {gpus} A100s."
         ),
         "config": {
-            "tenants": tenants, "models": [dict(MODEL_8B)], "gpu_types": [_a100(30.0)],
-            "pools": [_pool(gpus, 30.0)], "policy": {"preset": "full"},
+            "tenants": tenants, "models": [dict(MODEL_8B)], "gpu_types": [a100_gpu_type(30.0)],
+            "pools": [a100_pool(gpus, 30.0)], "policy": {"preset": "full"},
         },
         "workloads": workloads, "duration_s": cycles * PERIOD_S, "seed": seed,
         "gpu_noise": 0.15, "sample_s": 5, "drain_limit_s": 600, "policies": list(POLICIES),

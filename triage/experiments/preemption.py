@@ -35,7 +35,7 @@ from triage.config import config_from_dict
 from triage.config.models import TriageConfig
 from triage.experiments.base import Experiment, ExperimentResult
 from triage.experiments.probes import quantile
-from triage.experiments.traffic import MODEL_8B, _a100, _pool, shared_pool
+from triage.experiments.traffic import MODEL_8B, a100_gpu_type, a100_pool, shared_pool
 from triage.sim.engine import SimOptions, Simulator
 from triage.sim.gpu import gpu_from_config
 from triage.sim.policies import policy_config
@@ -99,8 +99,8 @@ def _case_config() -> TriageConfig:
             {"name": "interactive", "sla_ms": 3000, "max_queue_wait_ms": 2000, "weight": 2.0,
              **common},
         ],
-        "models": [dict(MODEL_8B)], "gpu_types": [_a100(30.0)],
-        "pools": [{**_pool(1, 0.62), "queue_max": 10}],
+        "models": [dict(MODEL_8B)], "gpu_types": [a100_gpu_type(30.0)],
+        "pools": [a100_pool(1, 0.62, queue_max=10)],
         "hysteresis": {"low": 0.85, "high": 0.9},
     }, source="preemption case")
 

@@ -32,19 +32,19 @@ MODEL_8B: dict[str, Any] = {
 }
 
 
-def _a100(kv_gib: float) -> dict[str, Any]:
+def a100_gpu_type(kv_gib: float) -> dict[str, Any]:
     """An A100 at half the priors' (H200's) speed; the 40 GB card when the KV budget fits."""
     return {"name": "A100", "memory_gib": 40 if kv_gib <= 20 else 80, "speed": 0.5}
 
 
-def _pool(gpus: int, kv_gib: float = 30.0, queue_max: int = 500) -> dict[str, Any]:
+def a100_pool(gpus: int, kv_gib: float = 30.0, queue_max: int = 500) -> dict[str, Any]:
     return {
         "name": "a100", "gpu_type": "A100", "gpus": [f"a100-{i}" for i in range(gpus)],
         "kv_budget_gib": kv_gib, "queue_max": queue_max,
     }
 
 
-def _lognormal(median: float, sigma: float, lo: int, hi: int) -> dict[str, Any]:
+def lognormal(median: float, sigma: float, lo: int, hi: int) -> dict[str, Any]:
     return {"dist": "lognormal", "median": median, "sigma": sigma, "min": lo, "max": hi}
 
 
@@ -77,20 +77,20 @@ def shared_pool_spec(
         {"tenant": "chat", "model": model,
          "arrivals": {"process": "onoff", "on_rate": 9.0 * k, "off_rate": 1.5 * k,
                       "on_s": burst_s, "off_s": 2 * burst_s},
-         "prompt": _lognormal(800, 0.6, 16, 6000), "output": _lognormal(100, 0.5, 1, 300),
+         "prompt": lognormal(800, 0.6, 16, 6000), "output": lognormal(100, 0.5, 1, 300),
          "max_tokens": 300},
         {"tenant": "code", "model": model,
          "arrivals": {"process": "onoff", "on_rate": 6.0 * k, "off_rate": 0.6 * k,
                       "on_s": burst_s * 2 / 3, "off_s": burst_s * 8 / 3},
-         "prompt": _lognormal(1500, 0.5, 16, 8000), "output": _lognormal(150, 0.5, 4, 400),
+         "prompt": lognormal(1500, 0.5, 16, 8000), "output": lognormal(150, 0.5, 4, 400),
          "max_tokens": 400},
         {"tenant": "rag", "model": model,
          "arrivals": {"process": "poisson", "rate": 2.0 * k},
-         "prompt": _lognormal(3000, 0.4, 64, 12000), "output": _lognormal(120, 0.5, 8, 300),
+         "prompt": lognormal(3000, 0.4, 64, 12000), "output": lognormal(120, 0.5, 8, 300),
          "max_tokens": 300},
         {"tenant": "batch", "model": model,
          "arrivals": {"process": "poisson", "rate": 0.6 * k},
-         "prompt": _lognormal(4000, 0.4, 256, 16000), "output": _lognormal(400, 0.4, 16, 1200),
+         "prompt": lognormal(4000, 0.4, 256, 16000), "output": lognormal(400, 0.4, 16, 1200),
          "max_tokens": 1200},
     ]
     return {
@@ -100,8 +100,8 @@ def shared_pool_spec(
             "bursty chat and code, steady RAG with long prompts, batch with a loose SLA."
         ),
         "config": {
-            "tenants": tenants, "models": [dict(MODEL_8B)], "gpu_types": [_a100(kv_gib)],
-            "pools": [_pool(gpus, kv_gib)], "policy": {"preset": "full"},
+            "tenants": tenants, "models": [dict(MODEL_8B)], "gpu_types": [a100_gpu_type(kv_gib)],
+            "pools": [a100_pool(gpus, kv_gib)], "policy": {"preset": "full"},
         },
         "workloads": workloads, "duration_s": duration_s, "seed": seed,
         "gpu_noise": gpu_noise, "sample_s": 5, "drain_limit_s": 600,

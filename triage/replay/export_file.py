@@ -37,11 +37,8 @@ def read_export(
     path: str | Path, *, since_ms: int | None = None, until_ms: int | None = None
 ) -> Recording:
     """The requests whose first decision falls in [since_ms, until_ms] (``-``: stdin)."""
-    try:
-        with export_lines(path) as (lines, name):
-            return _read(lines, name, since_ms, until_ms)
-    except OSError as exc:
-        raise ReplaySourceError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    with export_lines(path, ReplaySourceError) as (lines, name):
+        return _read(lines, name, since_ms, until_ms)
 
 
 def _read(
