@@ -15,7 +15,7 @@ from triage.topics.messages import (
     ScaleSignal,
     WorkItem,
 )
-from triage.topics.reasons import Outcome
+from triage.topics.reasons import Outcome, ReasonCode
 
 
 def test_every_builder_round_trips_through_the_strict_parser() -> None:
@@ -61,3 +61,19 @@ def test_every_builder_round_trips_through_the_strict_parser() -> None:
                 p.request_id, p.attempt, p.deadline, p.expected_tokens)
     for e in core.drain_scale_events():
         assert ScaleSignal.from_bytes(codec.scale_signal(e).to_bytes())
+
+
+def test_every_outcome_has_one_reply_status() -> None:
+    from triage.topics.reasons import ReplyStatus, reply_status
+
+    expect = {
+        Outcome.ACCEPT: ReplyStatus.ACCEPTED, Outcome.QUEUE: ReplyStatus.QUEUED,
+        Outcome.REJECT: ReplyStatus.REJECTED, Outcome.TIMEOUT: ReplyStatus.TIMED_OUT,
+        Outcome.PREEMPT: ReplyStatus.PREEMPTED, Outcome.INVALID: ReplyStatus.INVALID,
+    }
+    for outcome in Outcome:
+        if outcome is Outcome.COMPLETE:
+            assert reply_status(outcome, ReasonCode.COMPLETED) is ReplyStatus.COMPLETED
+            assert reply_status(outcome, ReasonCode.FAILED) is ReplyStatus.FAILED
+        else:
+            assert reply_status(outcome, ReasonCode.ADMITTED) is expect[outcome]

@@ -20,7 +20,7 @@ from triage.sim.engine import Simulator
 from triage.sim.result import SimResult
 from triage.sim.scenario import Scenario
 from triage.sim.workload import Arrival
-from triage.topics.reasons import Outcome
+from triage.topics.reasons import Outcome, reply_status
 
 
 @dataclass(slots=True)
@@ -85,13 +85,10 @@ class Recorder:
             if o is Outcome.ACCEPT:
                 if r.admitted_at is None:
                     r.admitted_at = d.at
-            elif o is Outcome.COMPLETE:
-                r.outcome = "completed" if d.reason.value == "completed" else "failed"
-                r.latency_s = d.latency_s
-            elif o is Outcome.REJECT:
-                r.outcome = "rejected"
-            elif o is Outcome.TIMEOUT:
-                r.outcome = "timed_out"
+            elif o is Outcome.COMPLETE or o is Outcome.REJECT or o is Outcome.TIMEOUT:
+                r.outcome = reply_status(o, d.reason).value  # completed, failed, ...
+                if o is Outcome.COMPLETE:
+                    r.latency_s = d.latency_s
             elif o is Outcome.PREEMPT:
                 r.preemptions += 1
 

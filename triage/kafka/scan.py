@@ -61,18 +61,13 @@ def scan_range(
     starts = _list_offsets(consumer, topic, parts, EARLIEST, deadline)
     ends = _list_offsets(consumer, topic, parts, LATEST, deadline)
     if since_ms is not None:
-        for tp in consumer.offsets_for_times(
-            [TopicPartition(topic, p, since_ms) for p in parts], timeout=left(deadline)
-        ):
+        for p, off in _list_offsets(consumer, topic, parts, since_ms, deadline).items():
             # -1: nothing at or after since_ms on that partition
-            starts[tp.partition] = max(starts[tp.partition], tp.offset) if tp.offset >= 0 \
-                else ends[tp.partition]
+            starts[p] = max(starts[p], off) if off >= 0 else ends[p]
     if until_ms is not None:
-        for tp in consumer.offsets_for_times(
-            [TopicPartition(topic, p, until_ms + 1) for p in parts], timeout=left(deadline)
-        ):
-            if tp.offset >= 0:
-                ends[tp.partition] = min(ends[tp.partition], tp.offset)
+        for p, off in _list_offsets(consumer, topic, parts, until_ms + 1, deadline).items():
+            if off >= 0:
+                ends[p] = min(ends[p], off)
     active = {p for p in parts if starts[p] < ends[p]}
     if not active:
         return

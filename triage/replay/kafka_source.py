@@ -72,7 +72,7 @@ def _read(
     consumer: Consumer, bootstrap: str, names: TopicNames, tenants: Iterable[str],
     since_ms: int | None, until_ms: int | None, grace_s: float, deadline: float,
 ) -> Recording:
-    md = consumer.list_topics(timeout=_left(deadline))  # one metadata request for all
+    md = consumer.list_topics(timeout=left(deadline))  # one metadata request for all
     parts: dict[str, list[int]] = {}
     for name, tmd in md.topics.items():
         if tmd.error is None:
@@ -156,10 +156,3 @@ def _read(
             output_tokens=out if out is not None else outputs.get(rid), order=order,
         ))
     return recording.finish()
-
-
-def _left(deadline: float) -> float:
-    try:
-        return left(deadline)
-    except ScanTimeoutError:
-        raise ReplaySourceError(TIMED_OUT) from None

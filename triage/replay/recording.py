@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from triage.audit.explain import TERMINAL_OUTCOMES
 from triage.topics.messages import DecisionRecord
-from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.reasons import Outcome, ReasonCode, reply_status
 
 # Outcomes a request's first decision can have: the core answers an arrival with one.
 ARRIVAL_OUTCOMES: frozenset[Outcome] = frozenset(
@@ -29,15 +29,10 @@ Position = tuple[int, int, int]  # (at_ms, partition or 0, offset or line number
 def final_label(outcome: Outcome | None, reason: ReasonCode | None) -> str:
     """How a request ended, in one word: completed, failed, rejected, timed_out, invalid,
     or unsettled (no terminal decision)."""
-    if outcome is Outcome.COMPLETE:
-        return "failed" if reason is ReasonCode.FAILED else "completed"
-    if outcome is Outcome.REJECT:
-        return "rejected"
-    if outcome is Outcome.TIMEOUT:
-        return "timed_out"
-    if outcome is Outcome.INVALID:
-        return "invalid"
-    return UNSETTLED
+    if outcome is None or reason is None:
+        return UNSETTLED
+    status = reply_status(outcome, reason)
+    return status.value if status.terminal else UNSETTLED
 
 
 @dataclass(slots=True)

@@ -22,16 +22,7 @@ from triage.topics.messages import (
     ScaleDirection,
     ScaleSignal,
 )
-from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
-
-_STATUS = {
-    Outcome.ACCEPT: ReplyStatus.ACCEPTED,
-    Outcome.QUEUE: ReplyStatus.QUEUED,
-    Outcome.REJECT: ReplyStatus.REJECTED,
-    Outcome.TIMEOUT: ReplyStatus.TIMED_OUT,
-    Outcome.PREEMPT: ReplyStatus.PREEMPTED,
-    Outcome.INVALID: ReplyStatus.INVALID,
-}
+from triage.topics.reasons import Outcome, reply_status
 
 
 def ms(seconds: float) -> int:
@@ -85,8 +76,8 @@ def decision_record(d: Decision, arrival: Pending | None = None) -> bytes:
 
 def reply_for(d: Decision, *, text: str | None = None) -> dict[str, Any]:
     """What the tenant is told about a decision (a Reply, as a JSON-ready dict)."""
+    status = reply_status(d.outcome, d.reason)
     if d.outcome is Outcome.COMPLETE:
-        status = ReplyStatus.COMPLETED if d.reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
         return {
             "request_id": d.request_id, "tenant": d.tenant, "status": status.value,
             "reason": d.reason.value, "detail": d.detail, "gpu_id": d.gpu_id,
@@ -94,7 +85,7 @@ def reply_for(d: Decision, *, text: str | None = None) -> dict[str, Any]:
             "output_tokens": d.output_tokens, "text": text, "at_ms": ms(d.at),
         }
     return {
-        "request_id": d.request_id, "tenant": d.tenant, "status": _STATUS[d.outcome].value,
+        "request_id": d.request_id, "tenant": d.tenant, "status": status.value,
         "reason": d.reason.value, "detail": d.detail, "retry_after_ms": retry_ms(d.retry_after_s),
         "gpu_id": d.gpu_id if d.outcome is Outcome.ACCEPT else None,
         "queue_position": d.queue_position if d.outcome is Outcome.QUEUE else None,

@@ -256,9 +256,9 @@ class AdmissionService:
         for d in decisions:
             rid = d.request_id
             key = rid.encode()
-            out.send_raw(names.decisions, key, codec.decision_record(d, arrival))
-            m.child(m.admissions, d.tenant, d.model, d.outcome.value, d.reason.value).inc()
             p = arrival if arrival is not None and arrival.request_id == rid else None
+            out.send_raw(names.decisions, key, codec.decision_record(d, p))
+            m.child(m.admissions, d.tenant, d.model, d.outcome.value, d.reason.value).inc()
             if p is None and d.pool is not None:
                 disp = self.core.dispatchers[d.pool]
                 p = disp.inflight.get(rid) or disp.queue.members.get(rid)

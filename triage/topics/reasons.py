@@ -85,3 +85,21 @@ class ReasonCode(StrEnum):
     MODEL_NOT_ALLOWED = "model_not_allowed"  # tenant's contract excludes the model
     CONTEXT_OVERFLOW = "context_overflow"  # prompt + max_tokens beyond the model's context
     DUPLICATE = "duplicate"  # a redelivered request id; its first decision stands
+
+
+_REPLY_STATUS = {
+    Outcome.ACCEPT: ReplyStatus.ACCEPTED,
+    Outcome.QUEUE: ReplyStatus.QUEUED,
+    Outcome.REJECT: ReplyStatus.REJECTED,
+    Outcome.TIMEOUT: ReplyStatus.TIMED_OUT,
+    Outcome.PREEMPT: ReplyStatus.PREEMPTED,
+    Outcome.INVALID: ReplyStatus.INVALID,
+}
+
+
+def reply_status(outcome: Outcome, reason: ReasonCode) -> ReplyStatus:
+    """What a tenant is told a decision did: the one mapping from (outcome, reason) to a
+    reply status (replies, replay's and the experiments' outcome words all use it)."""
+    if outcome is Outcome.COMPLETE:
+        return ReplyStatus.COMPLETED if reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
+    return _REPLY_STATUS[outcome]
