@@ -22,7 +22,8 @@ def test_every_builder_round_trips_through_the_strict_parser() -> None:
     cfg = config(tenants=[tenant("a", sla_ms=600_000, max_queue_wait_ms=600_000),
                           tenant("b", sla_ms=5_000, weight=4.0, rate_tokens_per_s=10.0,
                                  burst_tokens=100.0)],
-                 gpus=1, kv_budget_gib=0.7, hysteresis={"low": 0.01, "high": 0.02, "hold_s": 0.1})
+                 gpus=1, kv_budget_gib=0.7, hysteresis={"low": 0.01, "high": 0.02, "hold_s": 0.1},
+                 policy={"preset": "full", "overage_when_idle": False})
     core = AdmissionCore(cfg)
     seen = []
     seen += core.submit("long", "a", "m8", 300, 5000, 0.0)

@@ -78,11 +78,15 @@ def test_over_share_detection() -> None:
     assert fs.over_share("a", 0.1) and not fs.over_share("b", 0.1)
 
 
-def test_arrival_waits_behind_higher_priority_queue() -> None:
+def test_arrival_backfills_past_a_young_blocked_head_but_not_an_aged_one() -> None:
+    """Work conservation: an arrival that fits starts past a head that cannot use the
+    room; once that head has waited backfill_s short of KV it holds the line."""
     cfg = config(tenants=[tenant("a"), tenant("b")], gpus=1, kv_budget_gib=0.1)
     core = AdmissionCore(cfg)
     assert core.submit("a0", "a", "m8", 500, 100, 0.0)[0].outcome is Outcome.ACCEPT
     assert core.submit("b0", "b", "m8", 300, 100, 0.1)[0].outcome is Outcome.QUEUE
-    # a has been served, b has not: a's next request queues behind b's
     d = core.submit("a1", "a", "m8", 10, 10, 0.2)[0]
+    assert d.outcome is Outcome.ACCEPT  # b0 could not use the room a1 takes
+    core.tick(0.7)  # b0 has waited 0.6 s > backfill_s: it holds the line for its memory
+    d = core.submit("a2", "a", "m8", 10, 10, 0.75)[0]
     assert d.outcome is Outcome.QUEUE and d.reason.value == "queued_behind"

@@ -16,9 +16,10 @@ QUOTA_REASONS = {ReasonCode.TENANT_QUOTA_EXCEEDED, ReasonCode.TENANT_RATE_LIMITE
 
 
 def _flood(preset: str) -> Counter[tuple[Outcome, ReasonCode]]:
-    """A tenant far beyond its quota on a small pool: every check has work to do."""
+    """A tenant far beyond its quota on a small pool: every check has work to do (refusals
+    by the pool refund their charge, so the quota binds through what was admitted)."""
     cfg = config(
-        tenants=[tenant("a", rate_tokens_per_s=2000, burst_tokens=4000, queue_max=5,
+        tenants=[tenant("a", rate_tokens_per_s=100, burst_tokens=4000, queue_max=5,
                         max_queue_wait_ms=500, sla_ms=3000)],
         gpus=1, kv_budget_gib=0.25, policy={"preset": preset},
     )

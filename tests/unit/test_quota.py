@@ -88,8 +88,13 @@ def test_offered_load_tracks_a_steady_rate() -> None:
     assert math.isclose(rate, 1000.0, rel_tol=0.05)
 
 
-def _core(**tkw: object) -> AdmissionCore:
-    return AdmissionCore(config(tenants=[tenant("a", **tkw)], kv_budget_gib=64.0, gpus=8))
+def _core(*, conserving: bool = False, **tkw: object) -> AdmissionCore:
+    """One tenant on 8 idle GPUs. The bucket's own mechanics are tested with work
+    conservation off (with it on, an idle pool serves over-quota requests as overage)."""
+    return AdmissionCore(config(
+        tenants=[tenant("a", **tkw)], kv_budget_gib=64.0, gpus=8,
+        policy={"preset": "full", "overage_when_idle": conserving},
+    ))
 
 
 def test_gate_refuses_over_quota_with_the_exact_hint_and_admits_at_it() -> None:
@@ -140,3 +145,66 @@ def test_borrowing_is_suspended_while_the_pool_is_tightened() -> None:
     core.dispatchers["p"].monitor.tightened = False
     d = core.submit("r2", "a", "m8", 140, 10, now=0.0)[0]
     assert d.outcome is Outcome.ACCEPT
+
+
+# --- work conservation, settlement and retry hints (issue 9, causes 2, 7, 9) -------------
+
+def _saturate(core: AdmissionCore) -> None:
+    m = core.dispatchers["p"].monitor
+    m.utilization = m.settings.high + 0.1
+
+
+def test_over_quota_runs_as_overage_while_the_pool_is_idle_and_is_refused_when_saturated() -> None:
+    core = _core(conserving=True, rate_tokens_per_s=100.0, burst_tokens=1000.0,
+                 output_ratio_prior=1.0)
+    assert core.submit("r1", "a", "m8", 900, 100, now=0.0)[0].outcome is Outcome.ACCEPT
+    level = core.gate.bucket("a").level
+    idle = core.submit("r2", "a", "m8", 400, 100, now=1.0)[0]
+    assert idle.outcome is Outcome.ACCEPT and idle.overage is True
+    # refilled for 1 s, and not charged for the overage: no extra debt
+    assert math.isclose(core.gate.bucket("a").level, level + 100.0)
+    _saturate(core)
+    busy = core.submit("r3", "a", "m8", 400, 100, now=1.0)[0]
+    assert busy.outcome is Outcome.REJECT and busy.reason is ReasonCode.TENANT_QUOTA_EXCEEDED
+
+
+def test_a_refusal_by_the_pool_refunds_its_charge() -> None:
+    core = AdmissionCore(config(
+        tenants=[tenant("a", rate_tokens_per_s=1.0, burst_tokens=10_000.0, sla_ms=1)],
+        kv_budget_gib=64.0, gpus=1,
+    ))
+    before = core.gate.bucket("a").level
+    d = core.submit("r1", "a", "m8", 5000, 100, now=0.0)[0]
+    assert d.outcome is Outcome.REJECT and d.reason is ReasonCode.SLA_INFEASIBLE
+    assert math.isclose(core.gate.bucket("a").level, before)  # refusals cost nothing
+
+
+def test_a_queue_timeout_refunds_and_a_completion_settles_to_the_tokens_used() -> None:
+    core = AdmissionCore(config(
+        tenants=[tenant("a", rate_tokens_per_s=1e-6, burst_tokens=100_000.0,
+                        output_ratio_prior=1.0, max_queue_wait_ms=500)],
+        kv_budget_gib=0.1, gpus=1,
+    ))
+    b = core.gate.bucket("a")
+    big = core.submit("big", "a", "m8", 500, 100, now=0.0)[0]  # holds most of the KV
+    assert big.outcome is Outcome.ACCEPT and math.isclose(b.level, 100_000.0 - 600.0)
+    waits = core.submit("w", "a", "m8", 300, 100, now=0.0)[0]
+    assert waits.outcome is Outcome.QUEUE
+    assert math.isclose(b.level, 100_000.0 - 1000.0)
+    timed_out = [d for d in core.tick(0.6) if d.request_id == "w"]
+    assert timed_out and timed_out[0].outcome is Outcome.TIMEOUT
+    assert math.isclose(b.level, 100_000.0 - 600.0, abs_tol=1e-3)  # the wait cost nothing
+    core.complete(pool="p", request_id="big", attempt=0, ok=True, output_tokens=10,
+                  prefill_s=0.1, decode_s=0.1, concurrency=1.0, now=1.0)
+    assert math.isclose(b.level, 100_000.0 - 510.0, abs_tol=1e-3)  # 500 prompt + 10 used
+
+
+def test_retry_hints_queue_refused_requests_behind_each_other() -> None:
+    core = _core(rate_tokens_per_s=100.0, burst_tokens=1000.0, output_ratio_prior=1.0)
+    core.submit("r0", "a", "m8", 900, 100, now=0.0)  # bucket empty
+    hints = [core.submit(f"r{i}", "a", "m8", 400, 100, now=0.0)[0].retry_after_s
+             for i in range(1, 5)]
+    assert hints[0] is not None and math.isclose(hints[0], 5.0)  # its 500 tokens at 100/s
+    for before, after in zip(hints, hints[1:], strict=False):
+        assert before is not None and after is not None
+        assert math.isclose(after - before, 5.0)  # each needs its own 500 tokens after

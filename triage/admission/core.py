@@ -61,9 +61,10 @@ def pool_settings(config: TriageConfig, pool_name: str) -> PoolSettings:
         hysteresis=HysteresisSettings(
             low=h.low, high=h.high, autoscale_margin=h.autoscale_margin,
             autoscale_after_s=h.autoscale_after_s, relax_after_s=h.relax_after_s,
-            hold_s=h.hold_s,
+            hold_s=h.hold_s, smooth_s=h.smooth_s,
         ),
         gpu_timeout_s=config.policy.gpu_timeout_s,
+        max_seqs=pool.max_num_seqs,
     ) if budget > 0 else _no_pool(pool_name)
 
 
@@ -102,41 +103,79 @@ class AdmissionCore:
 
     def make_pending(
         self, request_id: str, tenant: str, model: str, prompt_tokens: int, max_tokens: int,
-        now: float, sla_s: float | None = None,
+        now: float, sla_s: float | None = None, created: float | None = None,
     ) -> Pending:
+        """The core's record of an arriving request. Its SLA clock starts when the client
+        created it (`created`, clamped to `now`: a client clock ahead of ours cannot buy
+        time), not when it reached us."""
         default_sla = self._sla_s.get(tenant)
         if default_sla is None:
             raise UnknownTenantError(f"tenant {tenant!r} is not configured")
         pool = self.pool_of_model.get(model)
         if pool is None:
             raise UnknownModelError(f"model {model!r} is served by no pool")
+        arrived = created if created is not None and created < now else now
         return Pending(
-            request_id, tenant, model, pool, prompt_tokens, max_tokens, now,
+            request_id, tenant, model, pool, prompt_tokens, max_tokens, arrived,
             sla_s if sla_s is not None else default_sla,
         )
 
     def submit(
         self, request_id: str, tenant: str, model: str, prompt_tokens: int, max_tokens: int,
-        now: float, sla_s: float | None = None,
+        now: float, sla_s: float | None = None, created: float | None = None,
+        true_output: int | None = None,
     ) -> list[Decision]:
-        """A request arrives: gate, then its pool's dispatcher. First decision is about it."""
-        p = self.make_pending(request_id, tenant, model, prompt_tokens, max_tokens, now, sla_s)
+        """A request arrives: gate, then its pool's dispatcher. First decision is about it.
+        `true_output` is for the clairvoyant reference policy only (the simulator)."""
+        p = self.make_pending(
+            request_id, tenant, model, prompt_tokens, max_tokens, now, sla_s, created
+        )
+        if true_output is not None:
+            p.true_out = float(true_output)
+        return self.admit(p, now)
+
+    def admit(self, p: Pending, now: float) -> list[Decision]:
+        """Gate, then dispatcher, for a Pending built by make_pending."""
         d = self.dispatchers[p.pool]
-        refusal = self.gate.check(p, now, tightened=d.monitor.tightened)
+        m = d.monitor
+        # over-quota work may take only idle capacity: none while in-quota work waits
+        refusal = self.gate.check(
+            p, now, tightened=m.tightened, saturated=m.saturated or d.queue.in_quota > 0
+        )
         if refusal is not None:
             return [refusal]
-        return d.admit(p, now)
+        return self._settled(d, d.admit(p, now))
 
     def complete(
         self, *, pool: str, request_id: str, attempt: int, ok: bool, output_tokens: int,
         prefill_s: float, decode_s: float, concurrency: float, now: float,
         preempted: bool = False, error: str | None = None,
     ) -> list[Decision]:
-        return self.dispatchers[pool].complete(
+        d = self.dispatchers[pool]
+        return self._settled(d, d.complete(
             request_id=request_id, attempt=attempt, ok=ok, output_tokens=output_tokens,
             prefill_s=prefill_s, decode_s=decode_s, concurrency=concurrency, now=now,
             preempted=preempted, error=error,
-        )
+        ))
+
+    def heartbeat(
+        self, *, pool: str, gpu_id: str, gpu_type: str, speed: float, kv_budget: int,
+        utilization: float, up: bool, now: float,
+    ) -> list[Decision]:
+        d = self.dispatchers[pool]
+        return self._settled(d, d.heartbeat(
+            gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, kv_budget=kv_budget,
+            utilization=utilization, up=up, now=now,
+        ))
+
+    def _settled(self, d: Dispatcher, decisions: list[Decision]) -> list[Decision]:
+        """Give the gate's buckets back what requests that left were over-charged."""
+        if d.settlements:
+            gate = self.gate
+            for tenant, delta in d.settlements:
+                gate.settle(tenant, delta)
+            d.settlements.clear()
+        return decisions
 
     def add_tenant(self, tenant: TenantConfig) -> None:
         """A tenant added to the configuration while running (its reserved KV share, if
@@ -158,7 +197,7 @@ class AdmissionCore:
     def tick(self, now: float) -> list[Decision]:
         out: list[Decision] = []
         for d in self.dispatchers.values():
-            out.extend(d.tick(now))
+            out.extend(self._settled(d, d.tick(now)))
         return out
 
     def drain_scale_events(self) -> list[ScaleEvent]:

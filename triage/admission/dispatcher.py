@@ -14,6 +14,7 @@ ones slipping by; a tightened head is the exception: it waits by design).
 
 from __future__ import annotations
 
+import math
 from typing import Final
 
 from triage.admission.decision import (
@@ -27,11 +28,12 @@ from triage.admission.decision import (
     ScaleEvent,
 )
 from triage.admission.fairness import FairShare
+from triage.admission.heaps import heapify, heappop, heappush
 from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
 from triage.admission.kvcache import GpuSlot, PoolLedger
-from triage.admission.pending import Pending
-from triage.admission.policy import PolicyFlags
-from triage.admission.predictor import WorkloadPredictor
+from triage.admission.pending import CLASS_IDLE, Pending
+from triage.admission.policy import ORDER_FIFO, PolicyFlags
+from triage.admission.predictor import CostModel, WorkloadPredictor
 from triage.admission.preemption import RunnerHeap, outranks, should_preempt
 from triage.admission.queue import PoolQueue
 from triage.topics.reasons import Outcome, ReasonCode
@@ -40,6 +42,15 @@ from triage.topics.reasons import ReasonCode as R
 # Module names are Final so the compiled build reads them from C statics (any other
 # global costs a dict lookup on every use); R is an import alias for the same reason.
 PREEMPT_CANDIDATES: Final = 4
+# time constant of a GPU's recent prefill work (its prefills stall every decode there)
+PREFILL_WINDOW_S: Final = 5.0
+# Idle capacity for over-quota work: the GPU spends under this share of its time in
+# prefills (each stalls every decode there), and the in-quota runners keep at least
+# half their slack (a margin for the predictor's error and for later arrivals).
+IDLE_MAX_STALL: Final = 0.3
+IDLE_BUDGET_SHARE: Final = 1.0
+# queued work that takes this long to drain reads as a saturated pool (hysteresis)
+DRAIN_HORIZON_S: Final = 10.0
 
 
 def _preempts_for(reason: ReasonCode) -> bool:
@@ -64,6 +75,7 @@ class PoolSettings:
         "kv_bytes_per_token",
         "max_concurrency",
         "max_queue_wait_s",
+        "max_seqs",
         "model_floors",
         "name",
         "queue_max",
@@ -77,6 +89,7 @@ class PoolSettings:
         tenant_shares: dict[str, float], weights: dict[str, float], queue_max: int,
         tenant_queue_max: dict[str, int], max_queue_wait_s: dict[str, float],
         max_concurrency: dict[str, int], hysteresis: HysteresisSettings, gpu_timeout_s: float,
+        max_seqs: int = 256,
     ) -> None:
         self.name = name
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -89,6 +102,7 @@ class PoolSettings:
         self.max_concurrency = max_concurrency
         self.hysteresis = hysteresis
         self.gpu_timeout_s = gpu_timeout_s
+        self.max_seqs = max_seqs  # sequences one GPU's engine runs at once
 
 
 class DispatcherStats:
@@ -140,8 +154,10 @@ class Dispatcher:
         )
         self.queue = PoolQueue(
             max_size=settings.queue_max, tenant_limits=settings.tenant_queue_max,
-            fifo=not flags.fairness,
+            order=flags.order,
         )
+        # strict FIFO (the bounded-queue baseline): nothing passes a blocked head
+        self.strict = flags.order == ORDER_FIFO
         self.fair = FairShare(weights=settings.weights)
         self.monitor = HysteresisMonitor(settings.hysteresis, enabled=flags.hysteresis)
         self.inflight: dict[str, Pending] = {}
@@ -152,6 +168,10 @@ class Dispatcher:
         self._seq = 0
         self._rr = 0
         self._largest_fits: dict[tuple[str, str], int] = {}  # (model, tenant) -> largest fit
+        # (tenant, tokens) to give back to the gate's buckets: what requests that left were
+        # charged beyond what they used (negative: used more). The core drains it.
+        self.settlements: list[tuple[str, float]] = []
+        self.held = ""  # model whose memory an aged, KV-blocked queue head holds
 
     # --- membership of GPUs ---------------------------------------------------------
     def add_gpu(self, *, gpu_id: str, gpu_type: str, speed: float, budget: int) -> GpuSlot:
@@ -209,11 +229,23 @@ class Dispatcher:
                 p, R.SLA_INFEASIBLE, now, None, out,
                 predicted_s=idle, detail="even an idle GPU would miss the SLA",
             )
+        if flags.sla_fit and now + idle > p.deadline:  # created long before it reached us
+            self.fair.leave(p.tenant)
+            self._settle(p, 0.0)
+            self.stats.timed_out += 1
+            out.append(self._about(
+                p, TIMEOUT, R.DEADLINE_UNREACHABLE, now, predicted_s=idle,
+                detail=f"created {now - p.arrived:.3f}s before it arrived; its SLA cannot "
+                "be met any more",
+            ))
+            return out
         limit = self.settings.max_concurrency.get(p.tenant) if flags.quota else None
         if limit is not None and self.tenant_running.get(p.tenant, 0) >= limit:
             reason = R.TENANT_CONCURRENCY
         elif self._may_jump(p):
             slot, reason, raw, pred = self._fit(p, now)
+            if slot is not None and self.held and not slot.within_floor(p.model, p.kv_bytes):
+                slot, reason = None, R.QUEUED_BEHIND  # memory the held head may need
             if slot is not None:
                 self._dispatch(p, slot, raw, pred, now, R.ADMITTED, out)
                 return out
@@ -223,19 +255,16 @@ class Dispatcher:
         return out
 
     def _may_jump(self, p: Pending) -> bool:
-        """May an arrival start before the queue? Only if nothing waits ahead of it."""
+        """May an arrival start before the queue? Work conservation: what waits did not
+        fit at the last dispatch pass, and nothing was freed since (a freeing event runs a
+        pass at once), so an arrival that fits takes room nobody ahead could use. Except
+        where an aged head holds the line for its memory (no starvation of large
+        requests: the arrival then waits its turn), and in strict FIFO (the baseline)."""
         if not self.queue.members:
             return True
-        if not self.flags.fairness:
+        if self.strict:
             return False
-        head = self.queue.head()
-        if head is None:
-            return True
-        _, (cls, service, deadline) = head
-        if p.cls != cls:
-            return p.cls < cls
-        mine = self.fair.service.get(p.tenant, 0.0)
-        return mine < service or (mine == service and p.deadline < deadline)
+        return not self.held or p.model != self.held
 
     def _largest_fit(self, model: str, tenant: str) -> int:
         """Largest reservation an empty GPU of the pool could ever give (cached)."""
@@ -278,17 +307,60 @@ class Dispatcher:
                     return None, R.NO_CAPACITY, 0.0, 0.0
                 floor = top.budget - top.used >= p.kv_bytes
                 return None, (R.RESERVATION_FLOOR if floor else R.GPU_MEMORY_INSUFFICIENT), 0.0, 0.0
+            if slot.running >= self.settings.max_seqs:
+                return None, R.COMPUTE_SATURATION, 0.0, 0.0  # the engine would queue it
             if (
                 self.monitor.tightened
                 and slot.used + p.kv_bytes > self.settings.hysteresis.high * slot.budget
                 and (p.cls > 0 or self.fair.over_share(p.tenant, flags.fair_share_tolerance))
             ):
                 return None, R.TIGHTENED, 0.0, 0.0
-        raw = slot.costs[p.model].predict(p.prompt_tokens, p.expected_out, slot.running + 1.0)
+        cost = slot.costs[p.model]
+        n = slot.running + 1.0
+        if p.cls == CLASS_IDLE and flags.sla_fit and not self._idle_capacity(
+            slot, cost, p, n, now
+        ):
+            return None, R.COMPUTE_SATURATION, 0.0, 0.0  # no idle capacity for overage
+        raw = cost.predict(p.prompt_tokens, p.expected_out, n)
         pred = raw * self._buffer(p.model)
         if flags.sla_fit and now + pred > p.deadline:
             return None, R.COMPUTE_SATURATION, raw, pred
         return slot, R.ADMITTED, raw, pred
+
+    def _idle_capacity(
+        self, slot: GpuSlot, cost: CostModel, p: Pending, n: float, now: float
+    ) -> bool:
+        """Would over-quota `p` on `slot` leave every in-quota runner there inside its
+        SLA? Its decode step grows with the batch and stretches by the share of time
+        the GPU spends in (recent and this) prefills, which stall every decode."""
+        stall = self._prefill_share(slot, now) + (
+            p.prompt_tokens * cost.prefill_s_per_token / PREFILL_WINDOW_S
+        )
+        if stall >= IDLE_MAX_STALL:
+            return False
+        return cost.decode_step(n) / (1.0 - stall) <= IDLE_BUDGET_SHARE * self._step_budget(slot)
+
+    def _prefill_share(self, slot: GpuSlot, now: float) -> float:
+        """Share of recent time `slot` spent prefilling (decayed sum over the window)."""
+        dt = now - slot.prefill_at
+        if dt > 0.0:
+            slot.prefill_load *= math.exp(-dt / PREFILL_WINDOW_S)
+            slot.prefill_at = now
+        return slot.prefill_load / PREFILL_WINDOW_S
+
+    def _step_budget(self, slot: GpuSlot) -> float:
+        """The slowest decode step the in-quota requests running on `slot` tolerate (each
+        still ends inside its SLA as predicted at its dispatch): over-quota work may
+        only use capacity that slows nobody within quota into a miss."""
+        heap = slot.step_budgets
+        inflight = self.inflight
+        while heap:
+            budget, seq, r = heap[0]
+            assert isinstance(r, Pending)
+            if r.seq == seq and r.gpu is slot and inflight.get(r.request_id) is r:
+                return budget
+            heappop(heap)
+        return 1e18
 
     def _round_robin(self) -> GpuSlot | None:
         slots = self.ledger.slots
@@ -321,8 +393,18 @@ class Dispatcher:
         self.queue.refresh(t, self.fair.key(t))
         if self.flags.preemption:
             self.runners.push(p)
-        self.stats.dispatched += 1
         flags = self.flags
+        self._prefill_share(slot, now)
+        slot.prefill_load += p.prompt_tokens * slot.costs[p.model].prefill_s_per_token
+        if p.cls == 0 and flags.sla_fit and pred > 0.0:
+            # the decode step it tolerates: its slack over its prediction, times the
+            # step the prediction assumed
+            cost = slot.costs[p.model]
+            budget = (p.deadline - now) / pred * cost.decode_step(p.dispatch_n)
+            heappush(slot.step_budgets, (budget, p.seq, p))
+            if len(slot.step_budgets) > 4 * slot.running + 64:
+                self._compact_budgets(slot)
+        self.stats.dispatched += 1
         out.append(Decision(
             p.request_id, t, p.model, self.pool, ACCEPT, reason, now, p.attempt, slot.gpu_id,
             pred, (now - p.enqueued_at) if p.enqueued_at >= 0.0 else 0.0, None, flags.name,
@@ -330,6 +412,17 @@ class Dispatcher:
             self._buffer(p.model), p.sla_s, p.deadline - now, None, None, None, p.overage,
             None, None, p.recompute_tokens or None, None, None, None,
         ))
+
+    def _compact_budgets(self, slot: GpuSlot) -> None:
+        inflight = self.inflight
+        live = []
+        for e in slot.step_budgets:
+            r = e[2]
+            assert isinstance(r, Pending)
+            if r.seq == e[1] and r.gpu is slot and inflight.get(r.request_id) is r:
+                live.append(e)
+        heapify(live)
+        slot.step_budgets = live
 
     def _queue_or_refuse(
         self, p: Pending, reason: ReasonCode, now: float, out: list[Decision]
@@ -367,11 +460,19 @@ class Dispatcher:
         out: list[Decision], *, predicted_s: float | None = None, detail: str | None = None,
     ) -> list[Decision]:
         self.fair.leave(p.tenant)
+        self._settle(p, 0.0)
         self.stats.rejected += 1
         out.append(self._about(
             p, REJECT, reason, now, retry_after_s=retry_s, predicted_s=predicted_s, detail=detail,
         ))
         return out
+
+    def _settle(self, p: Pending, used: float) -> None:
+        """`p` leaves: its charge becomes what it used (nothing unless it completed)."""
+        charged = p.charged
+        if charged > 0.0:
+            self.settlements.append((p.tenant, charged - used))
+            p.charged = 0.0
 
     def _about(
         self, p: Pending, outcome: Outcome, reason: ReasonCode, now: float, *,
@@ -424,7 +525,10 @@ class Dispatcher:
             self.fair.leave(p.tenant)
             slot = p.gpu
             assert isinstance(slot, GpuSlot)
-            if ok:
+            self._settle(p, float(p.prompt_tokens + output_tokens) if ok else 0.0)
+            if ok and self.flags.clairvoyant:
+                self.stats.completed += 1  # the true model needs no learning
+            elif ok:
                 self.stats.completed += 1
                 self.predictor.observe(
                     tenant=p.tenant, model=p.model, gpu_type=slot.gpu_type,
@@ -467,6 +571,7 @@ class Dispatcher:
             cancelled_gpu = slot.gpu_id
             self._release(running)
         self.fair.leave(p.tenant)
+        self._settle(p, float(p.prompt_tokens) + p.expected_out)
         self.stats.completed += 1
         out.append(Decision(
             p.request_id, p.tenant, p.model, self.pool, COMPLETE, R.COMPLETED, now,
@@ -521,14 +626,18 @@ class Dispatcher:
 
     # --- the queue ------------------------------------------------------------------
     def _dispatch_pass(self, now: float, out: list[Decision]) -> None:
-        """Start queued requests in fairness order while they fit."""
+        """Start queued requests in fairness order while they fit: the first request that
+        fits, across lanes in fairness order and inside each lane past its blocked head
+        (work-conserving, like VTC), within the lookahead bounds."""
         q = self.queue
+        self.held = ""
         if not q.members:
             return
         aside: list[object] = []
         skipped = 0
         limits = self.settings.max_concurrency if self.flags.quota else {}
         backfill = self.flags.backfill_s
+        depth = self.flags.lane_lookahead - 1
         held = ""  # model of an aged head that holds the line for the memory it waits on
         try:
             while True:
@@ -543,14 +652,8 @@ class Dispatcher:
                     if entry is not None:
                         aside.append(entry)
                     continue
-                slot, reason, raw, pred = self._fit(p, now)
-                if slot is None and self.flags.preemption and _preempts_for(reason):
-                    slot, raw, pred = self._preempt_for(p, now, out)
-                if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
-                    slot = None  # would take memory the held head may need
-                if slot is not None:
-                    q.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
-                    self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
+                reason = self._try_start(p, now, held, out)
+                if reason is None:
                     continue
                 # blocked: look past it, unless it has waited long (no starvation). Only a
                 # head short of KV holds the line: holding others back frees its memory. A
@@ -558,23 +661,73 @@ class Dispatcher:
                 # queue, and holding the line there convoys the pool behind it. Even a
                 # held line lets other models start inside their own floors: memory the
                 # head's model can never have.
-                skipped += 1
+                if self.strict:
+                    break
                 aged = (
                     now - p.enqueued_at > backfill
                     and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
                 )
-                if skipped >= self.flags.lookahead or not self.flags.fairness:
-                    break
                 if aged and not held:
                     held = p.model
-                    if not any(self.settings.model_floors.values()):
-                        break
+                if depth > 0 and not (held and p.model == held) and self._start_behind(
+                    p, reason, now, depth, held, out
+                ):
+                    continue  # its lane was served and re-keyed: look again from the top
+                skipped += 1
+                if skipped >= self.flags.lookahead:
+                    break
+                if held and not any(self.settings.model_floors.values()):
+                    break
                 entry = q.set_aside()
                 if entry is not None:
                     aside.append(entry)
         finally:
             for entry in aside:
                 q.put_back(entry)
+        self.held = held
+
+    def _try_start(
+        self, p: Pending, now: float, held: str, out: list[Decision]
+    ) -> ReasonCode | None:
+        """Dispatch queued `p` if it fits (preempting for it if the rule says so): None
+        when it started, else why it is blocked."""
+        slot, reason, raw, pred = self._fit(p, now)
+        if slot is None and self.flags.preemption and _preempts_for(reason):
+            slot, raw, pred = self._preempt_for(p, now, out)
+        if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
+            slot = None  # would take memory the held head may need
+            reason = R.GPU_MEMORY_INSUFFICIENT
+        if slot is None:
+            return reason
+        self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
+        self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
+        return None
+
+    def _start_behind(
+        self, head: Pending, reason: ReasonCode, now: float, depth: int, held: str,
+        out: list[Decision],
+    ) -> bool:
+        """The lane's head is blocked for `reason`: start the first of the next `depth`
+        requests of its lane that fits. Requests no smaller than the head (same model,
+        no more slack) are skipped without a check: they cannot fit where it did not."""
+        limit = self.settings.max_concurrency.get(head.tenant) if self.flags.quota else None
+        memory = reason is not R.COMPUTE_SATURATION
+        for c in self.queue.behind(head, depth):
+            if held and c.model == held:
+                continue
+            if limit is not None and self.tenant_running.get(c.tenant, 0) >= limit:
+                return False
+            if c.model == head.model:
+                if memory and c.kv_bytes >= head.kv_bytes:
+                    continue
+                if (
+                    not memory and c.prompt_tokens >= head.prompt_tokens
+                    and c.expected_out >= head.expected_out and c.deadline <= head.deadline
+                ):
+                    continue
+            if self._try_start(c, now, held, out) is None:
+                return True
+        return False
 
     @staticmethod
     def _queued_work(p: Pending) -> float:
@@ -632,6 +785,7 @@ class Dispatcher:
         for p in q.pop_expired(now):
             q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
             self.fair.leave(p.tenant)
+            self._settle(p, 0.0)
             self.stats.timed_out += 1
             reason = R.DEADLINE_UNREACHABLE if p.timeout_reason else R.QUEUE_TIMEOUT
             out.append(self._about(p, TIMEOUT, reason, now, retry_after_s=self._drain_s(q.work_s)))
@@ -642,11 +796,22 @@ class Dispatcher:
         return out
 
     def utilization(self) -> float:
-        """Max of reserved KV fraction and the GPUs' reported compute utilization."""
-        kv = self.ledger.kv_utilization()
-        seen = [s.reported_util for s in self.ledger.slots if s.up and s.seen]
-        compute = sum(seen) / len(seen) if seen else 0.0
-        return kv if kv > compute else compute
+        """The pool's saturation, from the core's own state (so the simulator, replay and
+        the live app see the same signal): the largest of the reserved KV share, the
+        share of engine sequence slots in use, and the queue's predicted drain time over
+        DRAIN_HORIZON_S. Not NVML's utilization.gpu, nor a worker's busy share: under
+        continuous batching those read ~100% whenever one sequence runs."""
+        ledger = self.ledger
+        kv = ledger.kv_utilization()
+        up = ledger.up_count()
+        if up == 0:
+            return kv
+        seqs = len(self.inflight) / float(up * self.settings.max_seqs)
+        sat = kv if kv > seqs else seqs
+        if self.queue.members:
+            drain = self._drain_s(self.queue.work_s) / DRAIN_HORIZON_S
+            sat = sat if sat > drain else drain
+        return sat
 
     def _observe_utilization(self, now: float) -> None:
         util = self.utilization()

@@ -2,10 +2,15 @@
 follows if utilization persists (slow), and both relax only after sustained
 drops, the autoscale signal only once new capacity has arrived (or the load has
 stayed low for twice the relax window). No state flips twice within `hold_s`.
+
+Readings are smoothed first (an exponential moving average with time constant
+`smooth_s`): one large request reserving a GPU's KV for a moment is not saturation,
+and tightening on it refused over-quota work a busy but unsaturated pool could serve.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -17,6 +22,7 @@ class HysteresisSettings:
     autoscale_after_s: float  # ... held this long
     relax_after_s: float  # below low this long before relaxing
     hold_s: float  # minimum time between two flips
+    smooth_s: float = 0.0  # time constant of the readings' moving average (0: raw)
 
 
 class HysteresisMonitor:
@@ -27,6 +33,7 @@ class HysteresisMonitor:
         "_below_since",
         "_gpus_at_signal",
         "_hot_since",
+        "_read_at",
         "autoscale",
         "enabled",
         "flips",
@@ -48,6 +55,15 @@ class HysteresisMonitor:
         self._hot_since: float | None = None
         self._below_since: float | None = None
         self._gpus_at_signal = 0
+        self._read_at = float("-inf")  # time of the last reading (for the average)
+
+    @property
+    def saturated(self) -> bool:
+        """Is the (smoothed) reading at or above the low threshold now? Unlike
+        `tightened`, this does not wait out the relax window: it gates work that only
+        idle capacity may take (over-quota requests), which must leave the pool
+        below the point where tightening starts."""
+        return self.utilization >= self.settings.low
 
     def update(self, utilization: float, gpus: int, now: float) -> str | None:
         """Feed a reading; returns what flipped ('tighten', 'autoscale', 'autoscale_off',
@@ -55,6 +71,14 @@ class HysteresisMonitor:
         if not self.enabled:
             return None
         s = self.settings
+        dt = now - self._read_at
+        self._read_at = now
+        if s.smooth_s > 0.0 and dt < 1e9:
+            if dt > 0.0:
+                a = 1.0 - math.exp(-dt / s.smooth_s)
+                utilization = self.utilization + a * (utilization - self.utilization)
+            else:
+                utilization = self.utilization
         self.utilization = utilization
         self._above_since = _since(self._above_since, utilization > s.high, now)
         self._hot_since = _since(self._hot_since, utilization > s.high + s.autoscale_margin, now)

@@ -35,10 +35,13 @@ class GpuSlot:
         "model_committed",
         "model_floor",
         "model_used",
+        "prefill_at",
+        "prefill_load",
         "reported_util",
         "running",
         "seen",
         "speed",
+        "step_budgets",
         "tenant_committed",
         "tenant_floor",
         "tenant_used",
@@ -70,6 +73,13 @@ class GpuSlot:
         self.tenant_committed = sum(tenant_floor.values())
         self.version = 0
         self.costs: dict[str, CostModel] = {}  # model -> cost model of this GPU type
+        # (decode step time an in-quota runner here tolerates and still meets its SLA,
+        # seq, request): a lazy min-heap the dispatcher keeps (entries die when it leaves)
+        self.step_budgets: list[tuple[float, int, object]] = []
+        # prefill seconds dispatched here, decayed (time constant PREFILL_WINDOW_S in the
+        # dispatcher): a prefill stalls every decoding sequence on the GPU
+        self.prefill_load = 0.0
+        self.prefill_at = 0.0
 
     def avail_model(self, model: str) -> int:
         """Bytes model `model` could still reserve here without breaking another's floor."""

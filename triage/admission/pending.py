@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Final
+
+# Priority classes (lower is served first): within quota; over quota where the
+# tenant's contract allows overage; over quota on idle capacity only (work conservation).
+CLASS_QUOTA: Final = 0
+CLASS_OVERAGE: Final = 1
+CLASS_IDLE: Final = 2
+
 
 class Pending:
     """Mutable per-request state owned by exactly one dispatcher (slots, hand-written init:
@@ -10,6 +18,7 @@ class Pending:
     __slots__ = (
         "arrived",
         "attempt",
+        "charged",
         "cls",
         "deadline",
         "dispatch_n",
@@ -36,6 +45,7 @@ class Pending:
         "sla_s",
         "tenant",
         "timeout_reason",
+        "true_out",
     )
 
     def __init__(
@@ -59,10 +69,12 @@ class Pending:
         self.sla_s = sla_s
         self.deadline = arrived + sla_s  # completion deadline (SLA)
         self.expected_out = float(max_tokens)  # learned used-output estimate, set by the gate
-        self.expected_tokens = float(prompt_tokens + max_tokens)  # charged to the bucket
+        self.expected_tokens = float(prompt_tokens + max_tokens)  # what the bucket is charged
+        self.charged = 0.0  # tokens taken from the bucket and not yet settled (0: overage)
+        self.true_out = -1.0  # clairvoyant reference only: the output it will generate
         self.kv_bytes = 0  # peak reservation, set by the dispatcher
         self.idle_s = 0.0  # predicted time on an idle GPU, buffered (queue drain, deadlines)
-        self.cls = 0  # priority class: 0 normal, 1 over quota (overage)
+        self.cls = 0  # priority class: CLASS_QUOTA, CLASS_OVERAGE or CLASS_IDLE
         self.overage = False
         self.pressure = 0.0  # tenant's offered load / contracted rate at the gate
         self.attempt = 0  # bumps on re-dispatch after preemption or GPU loss

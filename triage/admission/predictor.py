@@ -89,6 +89,11 @@ class CostModel:
             return self.dy / self.dw, 0.0
         return max(b0, 1e-9), b1
 
+    def decode_step(self, concurrency: float) -> float:
+        """Predicted decode seconds per token with `concurrency` sequences running."""
+        n1 = concurrency - 1.0 if concurrency > 1.0 else 0.0
+        return self._b0 + self._b1 * n1
+
     def predict(self, prompt_tokens: float, output_tokens: float, concurrency: float) -> float:
         n1 = concurrency - 1.0 if concurrency > 1.0 else 0.0
         return prompt_tokens * self._prefill + output_tokens * (self._b0 + self._b1 * n1)

@@ -1,10 +1,11 @@
 """The bounded queue of one pool: bounds per tenant and per pool, a max wait, and an
-order set by the fairness policy (or FIFO for the baselines).
+order set by the policy: fair lanes (check 4), one FIFO lane, or one earliest-deadline
+lane (the baselines).
 
-Layout: one heap per tenant ordered by (class, deadline, arrival); a heap of tenants
-ordered by (class of its head, virtual service, head deadline); an expiry heap.
-Entries are invalidated lazily (a request that left is skipped when met), so
-push, pop and remove are O(log n).
+Layout: one heap per lane (a tenant, or everyone) ordered by (class, deadline, arrival)
+(by arrival alone in FIFO order); a heap of lanes ordered by (class of its head,
+virtual service, head deadline); an expiry heap. Entries are invalidated lazily (a
+request that left is skipped when met), so push, pop and remove are O(log n).
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ from typing import Any, Final, cast
 
 from triage.admission.heaps import heappop, heappush
 from triage.admission.pending import Pending
+from triage.admission.policy import ORDER_FAIR, ORDER_FIFO
 
-_ALL: Final = ""  # FIFO mode: every tenant shares one lane
+_ALL: Final = ""  # single-lane orders: every tenant shares one lane
 
 
 class PoolQueue:
@@ -26,19 +28,25 @@ class PoolQueue:
         "_lane_ver",
         "_lanes",
         "fifo",
+        "in_quota",
         "max_size",
         "members",
+        "single",
         "tenant_count",
         "tenant_limits",
         "tenant_work_s",
         "work_s",
     )
 
-    def __init__(self, *, max_size: int, tenant_limits: dict[str, int], fifo: bool) -> None:
+    def __init__(
+        self, *, max_size: int, tenant_limits: dict[str, int], order: int = ORDER_FAIR
+    ) -> None:
         self.max_size = max_size
         self.tenant_limits = tenant_limits
-        self.fifo = fifo
+        self.fifo = order == ORDER_FIFO  # one lane by arrival
+        self.single = order != ORDER_FAIR  # one lane for every tenant
         self.members: dict[str, Pending] = {}
+        self.in_quota = 0  # members of priority class 0 (within their tenant's quota)
         self.tenant_count: dict[str, int] = {}
         self.work_s = 0.0  # predicted seconds of queued work (for drain estimates)
         self.tenant_work_s: dict[str, float] = {}
@@ -60,11 +68,13 @@ class PoolQueue:
     def push(self, p: Pending, service: float, work_s: float) -> None:
         """Add `p` (its seq, expires_at and enqueued_at already set)."""
         self.members[p.request_id] = p
+        if p.cls == 0:
+            self.in_quota += 1
         t = p.tenant
         self.tenant_count[t] = self.tenant_count.get(t, 0) + 1
         self.work_s += work_s
         self.tenant_work_s[t] = self.tenant_work_s.get(t, 0.0) + work_s
-        lane_key = _ALL if self.fifo else t
+        lane_key = _ALL if self.single else t
         lane = self._lanes.get(lane_key)
         if lane is None:
             lane = self._lanes[lane_key] = []
@@ -91,7 +101,7 @@ class PoolQueue:
         ver = self._lane_ver.get(lane_key, 0) + 1
         self._lane_ver[lane_key] = ver
         if head is not None:
-            if self.fifo:
+            if self.single:
                 heappush(self._lane_heap, (0, 0.0, 0.0, head.seq, ver, lane_key))
             else:
                 heappush(
@@ -142,6 +152,8 @@ class PoolQueue:
         if self.members.get(p.request_id) is not p:
             return
         del self.members[p.request_id]
+        if p.cls == 0:
+            self.in_quota -= 1
         t = p.tenant
         n = self.tenant_count[t] - 1
         if n:
@@ -150,15 +162,37 @@ class PoolQueue:
             del self.tenant_count[t]
         self.work_s = max(0.0, self.work_s - work_s)
         self.tenant_work_s[t] = max(0.0, self.tenant_work_s.get(t, 0.0) - work_s)
-        if self.fifo:
+        if self.single:
             self._touch_lane(_ALL, service)
         elif not rekeyed:
             self._touch_lane(t, service)
 
     def refresh(self, tenant: str, service: float) -> None:
         """The tenant's service changed: re-key its lane."""
-        if not self.fifo and tenant in self.tenant_count:
+        if not self.single and tenant in self.tenant_count:
             self._touch_lane(tenant, service)
+
+    def behind(self, head: Pending, n: int) -> list[Pending]:
+        """Up to `n` requests that follow `head` in its own lane, in lane order (head is
+        the lane's head). A dispatch pass tries them when the head is blocked, so one
+        request waiting for room does not block the later ones of its lane that fit.
+        O(n log m): the entries are popped and pushed back."""
+        lane = self._lanes.get(_ALL if self.single else head.tenant)
+        out: list[Pending] = []
+        if not lane:
+            return out
+        popped: list[tuple[int, float, int, Pending]] = []
+        while lane and len(out) < n:
+            entry = heappop(lane)
+            _, _, seq, p = entry
+            if not self._valid(p, seq):
+                continue  # dead entry: leave it out
+            popped.append(entry)
+            if p is not head:
+                out.append(p)
+        for entry in popped:
+            heappush(lane, entry)
+        return out
 
     def pop_expired(self, now: float) -> list[Pending]:
         """Requests whose wait ended at or before `now`, soonest first (still members)."""

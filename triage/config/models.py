@@ -125,6 +125,10 @@ class PoolConfig(StrictModel):
         description="KV-cache memory per GPU after weights and activations: the ledger's budget."
     )
     queue_max: Annotated[int, Field(ge=0)] = Field(500, description="Pool-wide queue bound.")
+    max_num_seqs: Annotated[int, Field(ge=1, le=65536)] = Field(
+        256, description="Sequences each GPU's serving engine runs at once (vLLM "
+        "--max-num-seqs): admission never dispatches more, so none waits inside the engine.",
+    )
 
 
 class HysteresisConfig(StrictModel):
@@ -136,6 +140,10 @@ class HysteresisConfig(StrictModel):
     autoscale_after_s: PositiveFloat = 30.0
     relax_after_s: PositiveFloat = 30.0
     hold_s: PositiveFloat = 10.0
+    smooth_s: NonNegFloat = Field(
+        5.0, description="Time constant of the saturation reading's moving average: the "
+        "thresholds see sustained saturation, not one large request's moment (0: raw).",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -168,6 +176,20 @@ class PolicyPreset(StrEnum):
     REJECT_ONLY = "reject_only"
     RATE_LIMIT_ONLY = "rate_limit_only"
     BOUNDED_QUEUE = "bounded_queue"
+    # What users would pick instead of triage, as flags of the same core:
+    VTC = "vtc"  # token-counter fair queuing (VTC), work-conserving, no refusals
+    EDF = "edf"  # earliest SLO deadline first (llm-d flow control's slo-deadline)
+    ENGINE_QUEUE_CAP = "engine_queue_cap"  # vLLM-style engine queue capped in tokens
+    TPM_PRIORITY = "tpm_priority"  # LiteLLM-style TPM limit; over-quota uses idle capacity
+    CLAIRVOYANT = "clairvoyant"  # full, told each request's true output and service time
+
+
+class QueueOrder(StrEnum):
+    """How the bounded queue orders waiting requests."""
+
+    FAIR = "fair"  # lanes per tenant by weighted service (check 4), then deadline
+    FIFO = "fifo"  # one lane by arrival
+    DEADLINE = "deadline"  # one lane by SLA deadline (earliest first)
 
 
 class PolicyConfig(StrictModel):
@@ -184,6 +206,25 @@ class PolicyConfig(StrictModel):
     fairness: bool | None = None
     preemption: bool | None = None
     hysteresis: bool | None = None
+    order: QueueOrder | None = Field(
+        None, description="Queue order (fair, fifo, deadline); None: the preset's."
+    )
+    overage_when_idle: bool | None = Field(
+        None, description="Work conservation: over-quota requests run at lower priority "
+        "while the pool is not saturated, instead of being refused.",
+    )
+    pressure: bool | None = Field(
+        None, description="Fairness counts a tenant's service inflated by its offered load "
+        "over its quota (heavy senders lose priority).",
+    )
+    clairvoyant: bool | None = Field(
+        None, description="Reference only (simulator): predict with each request's true "
+        "output length and the true service model.",
+    )
+    engine_queue_ttft_s: PositiveFloat | None = Field(
+        None, description="Baseline engine_queue_cap: each engine refuses new work once its "
+        "queued prompt tokens exceed this target TTFT x its prefill rate.",
+    )
     variance_buffer: Annotated[float, Field(ge=1.0, le=10.0)] | None = Field(
         None, description="Fixed buffer; None means the predictor's (adaptive) buffer."
     )
@@ -191,6 +232,10 @@ class PolicyConfig(StrictModel):
     tick_ms: Annotated[int, Field(ge=1, le=60_000)] = 50
     lookahead: Annotated[int, Field(ge=1, le=1000)] = Field(
         8, description="Tenants a dispatch pass may try past a blocked head before it stops."
+    )
+    lane_lookahead: Annotated[int, Field(ge=1, le=1000)] = Field(
+        4, description="Requests of one tenant a dispatch pass may try past its own blocked "
+        "head (no head-of-line blocking inside a tenant's lane).",
     )
     backfill_s: NonNegFloat = Field(
         0.5,

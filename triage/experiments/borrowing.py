@@ -46,7 +46,9 @@ CYCLES = 10  # bursts in a full-size run
 RATE = 6000.0  # the bursty tenant's contracted tokens/s
 STEADY_RATE = 8000.0
 POOLS = {"sized": 4, "tight": 2}  # A100s
-BORROW, NOBORROW = "full", "full-noborrow"
+# Work conservation off in both: it lets an idle pool serve over-quota requests anyway,
+# which would hide what borrowing itself does.
+BORROW, NOBORROW = "full+overage_when_idle=false", "full-noborrow+overage_when_idle=false"
 POLICIES = (BORROW, NOBORROW)
 STEADY = ("steady-a", "steady-b")
 

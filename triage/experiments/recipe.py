@@ -33,9 +33,10 @@ CLAIM = "where the full policy does better than the seed's recipe (fixed 1.3 buf
 SEED_FIGURE = "n/a (the seed's recipe is the baseline)"
 SCENARIOS = ("seed-morning", "adversarial", "multi-model")
 FULL = "full"
-SEED = "full+variance_buffer=1.3+lookahead=1+backfill_s=0"
+SEED = ("full+variance_buffer=1.3+lookahead=1+backfill_s=0+lane_lookahead=1"
+        "+overage_when_idle=false")
 FIXED = "full+variance_buffer=1.3"
-STOPPING = "full+lookahead=1+backfill_s=0"
+STOPPING = "full+lookahead=1+backfill_s=0+lane_lookahead=1"
 POLICIES = (FULL, SEED, FIXED, STOPPING)
 LABELS = {FULL: "full", SEED: "seed recipe", FIXED: "full, buffer 1.3",
           STOPPING: "full, stopping queue"}

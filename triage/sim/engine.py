@@ -41,6 +41,7 @@ from triage.admission.heaps import heappop, heappush
 from triage.config.models import PolicyConfig, TriageConfig
 from triage.sim.errors import SimError
 from triage.sim.gpu import (
+    EngineQueueFullError,
     FinishedSequence,
     SeqKey,
     SequenceRejectedError,
@@ -69,7 +70,7 @@ class SimOptions:
     gpu_noise: float = 0.0  # lognormal sigma of the GPUs' timing noise
     sample_s: float = 1.0  # time-series interval (doubles when a run outgrows max_points)
     max_points: int = 2048
-    max_num_seqs: int = 256  # engine batch limit per GPU
+    max_num_seqs: int | None = None  # engine batch limit per GPU (None: the pool's)
     drain_limit_s: float = 3600.0  # after the last arrival, give up on requests still live
     progress_every: int = 8192  # arrivals between progress callbacks
 
@@ -127,8 +128,15 @@ class Simulator:
         # check invariants after every event); they must not change the simulator.
         self.on_decisions = on_decisions
         self.on_event = on_event
-        self.config = config
         self.options = opts = options or SimOptions()
+        if opts.max_num_seqs is not None and any(
+            p.max_num_seqs != opts.max_num_seqs for p in config.pools
+        ):  # the core must know the engines' concurrency: one figure for both
+            data = config.model_dump()
+            for pool in data["pools"]:
+                pool["max_num_seqs"] = opts.max_num_seqs
+            config = TriageConfig.model_validate(data)
+        self.config = config
         self.policy = policy or config.policy
         self.policy_name = policy_name or self.policy.name
         self.scenario = scenario
@@ -141,12 +149,19 @@ class Simulator:
         }
         self._sla = {t.name: t.sla_ms / 1000.0 for t in config.tenants}
         self.gpus: list[_Gpu] = []
+        ttft = self.core.flags.engine_queue_ttft_s
         for pool in config.pools:
+            gt = config.gpu_type(pool.gpu_type)
+            models = config.models_of_pool(pool.name)
+            # the engine_queue_cap baseline: queued prompt tokens a target TTFT drains
+            cap = int(ttft * gt.speed / min(m.prefill_s_per_token for m in models)) if (
+                ttft is not None and models
+            ) else 0
             for gid in pool.gpus:
                 i = len(self.gpus)
                 eng = gpu_from_config(
                     config, gid, noise=opts.gpu_noise, seed=opts.seed * 7919 + i,
-                    max_num_seqs=opts.max_num_seqs,
+                    max_queued_tokens=cap,
                 )
                 self.gpus.append(_Gpu(eng, i, pool.name))
         self._by_id = {g.engine.gpu_id: g for g in self.gpus}
@@ -279,7 +294,10 @@ class Simulator:
         lv = _Live(rid, a, pool, sla, stats)
         self._live[rid] = lv
         self._apply(
-            self.core.submit(rid, a.tenant, a.model, a.prompt_tokens, a.max_tokens, now, a.sla_s),
+            self.core.submit(
+                rid, a.tenant, a.model, a.prompt_tokens, a.max_tokens, now, a.sla_s,
+                true_output=a.output_tokens,
+            ),
             now,
         )
 
@@ -327,6 +345,16 @@ class Simulator:
             g.engine.submit(
                 key, model=lv.model, prompt_tokens=lv.prompt, output_tokens=lv.output, now=now
             )
+        except EngineQueueFullError as exc:  # the engine refuses it: a rejection
+            del self._by_key[key]
+            lv.gpu = None
+            lv.stats.reject("queue_full")
+            self._end(lv)
+            decisions.extend(self.core.complete(
+                pool=lv.pool, request_id=lv.rid, attempt=d.attempt, ok=False, output_tokens=0,
+                prefill_s=0.0, decode_s=0.0, concurrency=1.0, now=now, error=str(exc),
+            ))
+            return
         except SequenceRejectedError as exc:  # admit-all sent what the GPU can never hold
             del self._by_key[key]
             lv.gpu = None
@@ -414,10 +442,12 @@ class Simulator:
         lv, attempt = entry
         self._engine_costs(lv.stats, fs)
         lv.fin = fs
+        # prefill as the engine ran it: time waiting in the engine's own queue is not
+        # prefill work, and learning it as such inflates the cost model under load
         self._apply(self.core.complete(
             pool=lv.pool, request_id=lv.rid, attempt=attempt, ok=True,
-            output_tokens=fs.output_tokens, prefill_s=fs.prefill_s, decode_s=fs.decode_s,
-            concurrency=fs.mean_concurrency, now=now,
+            output_tokens=fs.output_tokens, prefill_s=fs.prefill_s - fs.queue_s,
+            decode_s=fs.decode_s, concurrency=fs.mean_concurrency, now=now,
         ), now)
 
     # --- sampling -------------------------------------------------------------------

@@ -60,6 +60,11 @@ _NOISE_LEVELS: Final = 4096
 _Z: Final = [NormalDist().inv_cdf((i + 0.5) / _NOISE_LEVELS) for i in range(_NOISE_LEVELS)]
 
 
+class EngineQueueFullError(ValueError):
+    """The engine's queue holds its cap of prompt tokens (vLLM's max_num_queued_tokens):
+    the request is refused, as such an engine refuses it (the engine_queue_cap baseline)."""
+
+
 class SequenceRejectedError(ValueError):
     """A submit the engine can never serve (unknown model, duplicate key, too large)."""
 
@@ -185,7 +190,7 @@ class SimulatedGpu:
         "_j_anchor", "_kv_a", "_kv_b", "_kv_read", "_max_num_seqs", "_models", "_n_by_model",
         "_next_cache", "_noise_table", "_outbox", "_rand", "_recomputed", "_rng", "_running",
         "_s_anchor", "_seqs", "_speed", "_step_dt", "_t", "_t_anchor", "_waiting",
-        "_waiting_live", "engine_preemptions", "gpu_id", "kv_budget_bytes",
+        "_waiting_live", "engine_preemptions", "gpu_id", "kv_budget_bytes", "max_queued_tokens",
     )  # fmt: skip
 
     def __init__(
@@ -200,6 +205,7 @@ class SimulatedGpu:
         noise: float = 0.0,
         seed: int = 0,
         kv_read_s_per_gib: float = 0.0,
+        max_queued_tokens: int = 0,
     ) -> None:
         if speed <= 0 or kv_budget_bytes <= 0 or max_num_seqs < 1:
             raise ValueError("speed, kv_budget_bytes and max_num_seqs must be positive")
@@ -241,6 +247,7 @@ class SimulatedGpu:
         self._blocked = False  # set by an overflow, cleared when a sequence leaves
         self.engine_preemptions = 0
         self._recomputed = 0
+        self.max_queued_tokens = max_queued_tokens  # 0: the queue is unbounded
 
     # ---------------------------------------------------------------- readings
 
@@ -304,6 +311,15 @@ class SimulatedGpu:
                 f"{(prompt_tokens + output_tokens) * bpt} KV bytes, budget {self.kv_budget_bytes}"
             )
         self._run_until(now)
+        if self.max_queued_tokens > 0 and self._waiting_live:
+            queued = prompt_tokens + sum(
+                w.prompt + w.generated for w in self._waiting if self._seqs.get(w.key) is w
+            )
+            if queued > self.max_queued_tokens:
+                raise EngineQueueFullError(
+                    f"{self.gpu_id}: {queued} queued prompt tokens would exceed the engine's "
+                    f"cap of {self.max_queued_tokens}"
+                )
         seq = _Seq(key, entry, prompt_tokens, output_tokens)
         seq.submitted_at = now
         self._seqs[key] = seq
@@ -542,10 +558,12 @@ def gpu_from_config(
     *,
     noise: float = 0.0,
     seed: int = 0,
-    max_num_seqs: int = 256,
+    max_num_seqs: int | None = None,
     kv_read_s_per_gib: float = 0.0,
+    max_queued_tokens: int = 0,
 ) -> SimulatedGpu:
-    """Build the SimulatedGpu for a configured GPU id (its pool's models, budget, speed)."""
+    """Build the SimulatedGpu for a configured GPU id (its pool's models, budget, speed,
+    engine concurrency unless `max_num_seqs` overrides it)."""
     pool = config.pool_of_gpu(gpu_id)
     if pool is None:
         raise KeyError(f"unknown GPU {gpu_id!r}; configured: {', '.join(config.all_gpus())}")
@@ -556,14 +574,16 @@ def gpu_from_config(
         speed=gtype.speed,
         kv_budget_bytes=int(pool.kv_budget_gib * GIB),
         models={m.name: m for m in config.models_of_pool(pool.name)},
-        max_num_seqs=max_num_seqs,
+        max_num_seqs=max_num_seqs if max_num_seqs is not None else pool.max_num_seqs,
         noise=noise,
         seed=seed,
         kv_read_s_per_gib=kv_read_s_per_gib,
+        max_queued_tokens=max_queued_tokens,
     )
 
 
 __all__ = [
+    "EngineQueueFullError",
     "FinishedSequence",
     "SeqKey",
     "SequenceRejectedError",

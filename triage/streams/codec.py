@@ -143,7 +143,8 @@ def live_record(
         "request_id": p.request_id, "tenant": p.tenant, "model": p.model, "pool": p.pool,
         "state": state.value, "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens,
         "arrived": p.arrived, "sla_s": p.sla_s, "expected_out": p.expected_out,
-        "expected_tokens": p.expected_tokens, "priority_class": p.cls, "overage": p.overage,
+        "expected_tokens": p.expected_tokens, "charged": p.charged,
+        "priority_class": p.cls, "overage": p.overage,
         "pressure": p.pressure, "attempt": p.attempt, "recompute_tokens": p.recompute_tokens,
         "enqueued_at": p.enqueued_at, "expires_at": p.expires_at,
         "timeout_reason": p.timeout_reason, "idle_s": p.idle_s,
@@ -170,6 +171,7 @@ def pending_from(rec: LiveRequest) -> Pending:
                 rec.max_tokens, rec.arrived, rec.sla_s)
     p.expected_out = rec.expected_out
     p.expected_tokens = rec.expected_tokens
+    p.charged = rec.charged
     p.cls = rec.priority_class
     p.overage = rec.overage
     p.pressure = rec.pressure

@@ -164,10 +164,9 @@ class AdmissionService:
         p = core.make_pending(
             rid, req.tenant, req.model, req.prompt_tokens, req.max_tokens, now,
             None if req.sla_ms is None else req.sla_ms / 1000.0,
+            None if req.created_at_ms is None else req.created_at_ms / 1000.0,
         )
-        d = core.dispatchers[p.pool]
-        refusal = core.gate.check(p, now, tightened=d.monitor.tightened)
-        decisions = [refusal] if refusal is not None else d.admit(p, now)
+        decisions = core.admit(p, now)
         self.metrics.child(self.metrics.decision_latency, "request").observe(
             time.perf_counter() - t0)
         self._dirty_buckets.add(req.tenant)
@@ -193,8 +192,9 @@ class AdmissionService:
             self._texts[c.request_id] = c.text
         ok = c.status is CompletionStatus.COMPLETED
         t0 = time.perf_counter()
-        decisions = d.complete(
-            request_id=c.request_id, attempt=c.attempt, ok=ok, output_tokens=c.output_tokens,
+        decisions = self.core.complete(
+            pool=c.pool, request_id=c.request_id, attempt=c.attempt, ok=ok,
+            output_tokens=c.output_tokens,
             prefill_s=c.prefill_s, decode_s=c.decode_s, concurrency=c.mean_concurrency,
             now=now, preempted=c.status in (CompletionStatus.PREEMPTED, CompletionStatus.CANCELLED),
             error=c.error,
@@ -224,8 +224,8 @@ class AdmissionService:
             log.warning("heartbeat from %s for unknown pool %r", st.gpu_id, st.pool)
             return
         gt = self.config.gpu_types_by_name.get(st.gpu_type)
-        decisions = d.heartbeat(
-            gpu_id=st.gpu_id, gpu_type=st.gpu_type, speed=gt.speed if gt else 1.0,
+        decisions = self.core.heartbeat(
+            pool=st.pool, gpu_id=st.gpu_id, gpu_type=st.gpu_type, speed=gt.speed if gt else 1.0,
             kv_budget=st.kv_budget_bytes, utilization=st.utilization,
             up=st.state is GpuState.UP and st.healthy, now=now,
         )

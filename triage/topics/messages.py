@@ -200,8 +200,11 @@ class Completion(Message):
     prompt_tokens: TokenCount
     output_tokens: TokenCount
     max_tokens: PositiveTokens
-    prefill_s: Seconds
+    prefill_s: Seconds = Field(description="Prefill time: the engine started the attempt "
+                               "to its first token (engine queueing excluded).")
     decode_s: Seconds
+    queue_s: Seconds = Field(0.0, description="Time the attempt waited inside the serving "
+                             "engine's own queue before it started.")
     mean_concurrency: Annotated[float, Field(ge=0.0, allow_inf_nan=False)] = 1.0
     started_at_ms: EpochMs
     finished_at_ms: EpochMs
@@ -317,7 +320,8 @@ class LiveRequest(Message):
     sla_s: float
     expected_out: float
     expected_tokens: float
-    priority_class: int = 0  # 0 normal, 1 admitted over quota
+    charged: float = 0.0  # tokens taken from the bucket, settled when it leaves
+    priority_class: int = 0  # 0 within quota, 1 contracted overage, 2 idle-capacity overage
     overage: bool = False
     pressure: float = 0.0
     attempt: int = 0

@@ -304,7 +304,7 @@ class Worker:
             gpu_type=self.pool.gpu_type, status=status, prompt_tokens=item.prompt_tokens,
             output_tokens=max(0, r.output_tokens), max_tokens=item.max_tokens,
             prefill_s=max(0.0, r.prefill_s), decode_s=max(0.0, r.decode_s),
-            mean_concurrency=max(0.0, r.mean_concurrency), started_at_ms=r.started_at_ms,
+            queue_s=max(0.0, r.queue_s), mean_concurrency=max(0.0, r.mean_concurrency), started_at_ms=r.started_at_ms,
             finished_at_ms=max(r.started_at_ms, r.finished_at_ms), error=error, text=r.text,
         )  # fmt: skip
         assert self._producer is not None

@@ -29,13 +29,14 @@ class AttemptResult:
 
     status: AttemptStatus
     output_tokens: int  # tokens generated (so far, when aborted)
-    prefill_s: float  # time to first token, from the start of the attempt
+    prefill_s: float  # prefill time: the engine started it to its first token
     decode_s: float  # first token to the end
     mean_concurrency: float  # sequences running beside it on this GPU, on average
     started_at_ms: int  # wall clock, epoch ms
     finished_at_ms: int
     error: str | None = None  # why it failed
     text: str | None = None  # generated text (real backends)
+    queue_s: float = 0.0  # waited inside the engine before it started (not prefill work)
 
 
 @dataclass(frozen=True, slots=True)

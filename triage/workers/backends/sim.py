@@ -68,7 +68,7 @@ class SimBackend(Backend):
         time_scale: float | None = None,
         noise: float = 0.05,
         seed: int | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if config.pool_of_gpu(gpu_id) is None:
@@ -138,8 +138,9 @@ class SimBackend(Backend):
         return AttemptResult(
             status=AttemptStatus.ABORTED if fs.aborted else AttemptStatus.COMPLETED,
             output_tokens=fs.output_tokens,
-            prefill_s=fs.prefill_s,
+            prefill_s=fs.prefill_s - fs.queue_s,
             decode_s=fs.decode_s,
+            queue_s=fs.queue_s,
             mean_concurrency=fs.mean_concurrency,
             started_at_ms=started_ms,
             finished_at_ms=epoch_ms(),
