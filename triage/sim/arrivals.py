@@ -297,6 +297,14 @@ def parse_arrivals(spec: Any, where: str) -> ArrivalProcess:
         for a, b in kw["points"]:
             if a < 0 or b < 0 or not (math.isfinite(a) and math.isfinite(b)):
                 raise ScenarioError(f"{where}.points: [{a}, {b}]: times and rates must be >= 0")
+    for key, v in kw.items():
+        if key in _FLAGS:
+            if not isinstance(v, bool):
+                raise ScenarioError(f"{where}.{key}: expected true or false, got {v!r}")
+        elif key != "points" and not (v is None and key == "repeat_s") and (
+            isinstance(v, bool) or not isinstance(v, int | float)
+        ):
+            raise ScenarioError(f"{where}.{key}: expected a number, got {v!r}")
     try:
         proc: ArrivalProcess = kind(**kw)
     except TypeError as exc:

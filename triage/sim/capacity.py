@@ -219,5 +219,9 @@ def with_offered_load(sc: Scenario, *, measure: bool = False) -> Scenario:
         return at_load(sc, sc.load)
     if not measure:
         return sc
-    cap = measure_capacity(sc)
+    try:
+        cap = measure_capacity(sc)
+    except ScenarioError as exc:  # too short to saturate: run it, without the figure
+        log.warning("offered load not measured: %s", exc)
+        return sc
     return replace(sc, capacity_tokens_per_s=cap, offered_load=offered_tokens_per_s(sc) / cap)
