@@ -22,6 +22,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -113,7 +114,8 @@ def _invalid_note(cmp: Comparison) -> None:
         reasons = sorted({k for by in r.invalid.values() for k in by})
         err.print(
             f"{n:,} requests invalid ({', '.join(reasons)}: prompt + max_tokens beyond the "
-            "model's context), refused before admission as the live app does; not simulated"
+            "model's context), refused before admission as the live app does; not simulated",
+            soft_wrap=True,
         )
 
 
@@ -212,6 +214,7 @@ def sim(
     if list_scenarios:
         for name, path in builtin_scenarios().items():
             typer.echo(f"{name:24s} {path}")
+        typer.echo("NAME@PCT runs a scenario at PCT% of its measured capacity (tenants13@120)")
         return
     try:
         sc = _scenario(
@@ -238,8 +241,8 @@ def sim(
         sc.check()  # trace mappings read their first row
         sc = with_offered_load(sc, measure=True)  # capacity (cached): before any progress bar
         cmp = _run(sc, names, jobs, quiet=False)
-    except (SimError, ConfigError, OSError) as exc:
-        err.print(f"[red]triage sim:[/red] {exc}")
+    except (SimError, ConfigError, OSError) as exc:  # one line, brackets and all
+        err.print(f"[red]triage sim:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     _invalid_note(cmp)
     if report is not None:
