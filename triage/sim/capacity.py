@@ -12,7 +12,10 @@ the pool runs out of throughput. Load is therefore set as queueing theory sets i
   saturated: the scenario's own traffic at `OVERLOAD` x (then 2x more, until the
   engine completes less than 80% of what arrives) under `admit_all` (no front door:
   the engine's FIFO and KV management) on the same simulated GPUs, counted over the
-  last two thirds of a window of at most `WINDOW_S` virtual seconds.
+  last two thirds of a window of at most `WINDOW_S` virtual seconds. A longer
+  generated scenario is compressed into the window (`scaled(k)`: its periods and
+  day shrink, its rates stay), so the window holds the whole run's mix; a trace is
+  measured on its first `WINDOW_S` seconds at the saturating speed.
 
 The measurement is a simulation with the scenario's seed, so it is deterministic; it is
 cached per scenario (in memory, and on disk under the user's cache directory, keyed by
@@ -85,22 +88,30 @@ def _saturated(sc: Scenario) -> tuple[float, float, float]:
     return served, demand, (i1 - i0) * dt
 
 
-def capacity_tokens_per_s(
+def saturated_throughput(
     build: Callable[[float], Scenario], *, overload: float = OVERLOAD
-) -> float:
-    """Tokens per second the pool completes on `build`'s traffic mix when saturated.
+) -> tuple[float, bool]:
+    """(tokens/s completed, whether the engine was saturated) on `build`'s mix.
 
     `build(m)` must scale every arrival rate by m. The bare engine is driven at
     `overload` x the rates and the load doubles (at most 3 times) until the engine is
     saturated: it completes less than 80% of what arrives."""
     m = overload
-    served = span = 0.0
+    served = demand = span = 0.0
     for _ in range(4):
         served, demand, span = _saturated(build(m))
         if served < 0.8 * demand:
             break
         m *= 2.0
-    return served / span if span > 0 else 0.0
+    return (served / span if span > 0 else 0.0), served < 0.8 * demand
+
+
+def capacity_tokens_per_s(
+    build: Callable[[float], Scenario], *, overload: float = OVERLOAD
+) -> float:
+    """Tokens per second the pool completes on `build`'s traffic mix when saturated
+    (the experiments' entry point; see saturated_throughput)."""
+    return saturated_throughput(build, overload=overload)[0]
 
 
 def load_for(build: Callable[[float], Scenario], rho: float, capacity: float) -> float:
@@ -182,9 +193,19 @@ def measure_capacity(sc: Scenario, *, window_s: float = WINDOW_S) -> float:
     except (OSError, ValueError, KeyError, TypeError):
         log.info("measuring the capacity of %s (admit_all at saturation)", sc.name)
         base = replace(sc, load=None, offered_load=None)
-        cap = capacity_tokens_per_s(lambda m: _window(base.scaled(1.0, rate=m), window_s))
-        if cap <= 0:
-            raise ScenarioError(f"{sc.name}: measured no capacity (nothing completed)") from None
+        d = base.expected_duration() or window_s
+        # generated traffic: the whole run's shape compressed into the window (periods
+        # and day length x k, rates kept), so the mix is the run's, not its first minutes
+        k = min(1.0, window_s / d) if base.workloads and not base.traces else 1.0
+        cap, full = saturated_throughput(
+            lambda m: _window(base.scaled(k, rate=m), window_s)
+        )
+        if cap <= 0 or not full:
+            why = "nothing completed" if cap <= 0 else f"not saturated at {OVERLOAD * 8:g}x"
+            raise ScenarioError(
+                f"{sc.name}: cannot measure its capacity ({why} in a "
+                f"{min(window_s, sc.expected_duration() or 0):g} s window)"
+            ) from None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
