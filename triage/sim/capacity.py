@@ -39,9 +39,7 @@ from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
-from triage.sim.engine import Simulator
 from triage.sim.errors import ScenarioError
-from triage.sim.policies import policy_config
 from triage.sim.scenario import Scenario
 
 log = logging.getLogger(__name__)
@@ -75,11 +73,10 @@ def _saturated(sc: Scenario) -> tuple[float, float, float]:
     sc = replace(sc, drain_limit_s=1.0)  # what is left at the end is abandoned: no drain
     duration = sc.expected_duration()
     assert duration
-    with _quiet("triage.sim.engine"):
-        r = Simulator(
-            sc.config, sc.arrivals(), policy=policy_config("admit_all", sc.config.policy),
-            options=sc.options(), scenario=sc.name, policy_name="admit_all",
-        ).run()
+    from triage.sim.compare import run_policy  # one way to run; compare imports this module
+
+    with _quiet("triage.sim.engine"), _quiet("triage.sim.compare"):
+        r = run_policy(sc, "admit_all")
     s = r.series
     dt = s.interval
     i0, i1 = int(duration / 3.0 / dt), int(duration / dt)
