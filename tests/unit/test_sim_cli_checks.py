@@ -154,3 +154,15 @@ def test_experiments_jobs_2_on_the_compiled_build_and_the_sources(tmp_path: Path
         assert "Traceback" not in res.stderr
         (out,) = json.loads(res.stdout)
         assert out["name"] == "buffer" and out["metrics"]
+
+
+def test_load_option_and_named_variants_set_the_offered_load() -> None:
+    for args, want in ((["tenants13@120"], 1.2), (["tenants13@120", "--load", "0.85"], 0.85),
+                       (["two-services", "--load", "1.1"], 1.1)):
+        res = runner.invoke(app, ["sim", *args, "--scale", "0.02", "--policies", "admit_all",
+                                  "--json"])
+        assert res.exit_code == 0, res.output
+        out = _json(res.stdout)
+        assert out["scenario"]["load"] == want
+        assert out["results"]["admit_all"]["offered_load"] == pytest.approx(want, rel=0.03)
+        assert out["results"]["admit_all"]["capacity_tokens_per_s"] > 0
