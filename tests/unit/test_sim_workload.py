@@ -11,7 +11,7 @@ from tests.unit._sim_factory import sim_config
 from triage.sim.arrivals import Daily, OnOff, Poisson, Profile, Steady, parse_arrivals
 from triage.sim.dists import Const, Empirical, LogNormal, Uniform, parse_dist
 from triage.sim.errors import ScenarioError
-from triage.sim.workload import Arrival, Workload, generate, merge_streams, shape
+from triage.sim.workload import Arrival, Workload, generate, merge_streams, overflows, shape
 
 
 def _count(proc: object, end: float, seed: int = 1) -> int:
@@ -70,10 +70,16 @@ def test_distributions_clamp_and_parse() -> None:
         parse_arrivals({"process": "poisson", "rate": -1}, "x")
 
 
-def test_shape_fits_the_context() -> None:
-    assert shape(100, 50, 80, 4096) == (100, 50, 50)  # output capped at max_tokens
-    assert shape(5000, 2000, 10, 4096) == (4095, 1, 1)  # prompt capped, one token left
-    assert shape(3000, 2000, 10, 4096) == (3000, 1096, 10)
+def test_shape_never_clamps_what_the_client_asked() -> None:
+    # an explicit max_tokens is the client's: output capped at it, nothing fitted
+    assert shape(100, 50, 80, 4096, False) == (100, 50, 50)
+    assert shape(5000, 2000, 10, 4096, False) == (5000, 2000, 10)  # context_overflow
+    # a derived max_tokens (output x factor) is fitted into the context, never below
+    # the output the request really generated
+    assert shape(3000, 2000, 10, 4096, True) == (3000, 1096, 10)
+    assert shape(4090, 30, 20, 4096, True) == (4090, 20, 20)  # still overflows: 4110
+    a = Arrival(0.0, "t", "m", 5000, 2000, 10)
+    assert overflows(a, 4096) and not overflows(a, 8192)
 
 
 def test_generate_is_deterministic_ordered_and_lazy() -> None:

@@ -2,8 +2,13 @@
 
     triage sim seed-morning --report reports/seed
     triage sim seed-morning --policies full,admit_all --scale 0.2 --json
+    triage sim tenants13@120 --scale 0.1        # 120% of the pool's measured capacity
+    triage sim tenants13 --load 0.85 -j 2
     triage sim --trace conv.csv --columns timestamp=TIMESTAMP,prompt=ContextTokens,\\
-        output=GeneratedTokens,tenant=const:conv,model=const:llama-3.1-8b --speed 10
+        output=GeneratedTokens,model=const:llama-3.1-8b --tenant rag --speed 10
+
+Everything is checked before anything runs: a bad option, scenario field or trace
+mapping gets one line and exit code 2.
 """
 
 from __future__ import annotations
@@ -11,17 +16,20 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from triage.config import load_config
 from triage.config.errors import ConfigError
-from triage.sim.compare import Comparison, compare
+from triage.sim.capacity import with_offered_load
+from triage.sim.compare import Comparison, compare, resolve
 from triage.sim.errors import SimError
 from triage.sim.paths import builtin_scenarios
 from triage.sim.policies import VARIANTS, parse_policies
@@ -35,22 +43,80 @@ err = Console(stderr=True)
 
 def _trace_scenario(
     trace: Path, columns: str | None, *, config: Path | None, speed: float,
-    duration: float | None, limit: int | None,
+    duration: float | None, limit: int | None, tenant_name: str | None,
 ) -> Scenario:
     cfg = load_config(config)
     spec = columns or "timestamp=TIMESTAMP,prompt=ContextTokens,output=GeneratedTokens"
     keys = {part.split("=", 1)[0].strip() for part in spec.split(",") if "=" in part}
-    tenant = cfg.tenants[0]
+    if "tenant" in keys and tenant_name is not None:
+        raise SimError("give --tenant or tenant= in --columns, not both")
     if "tenant" not in keys:
-        spec += f",tenant=const:{tenant.name}"
+        if tenant_name is None:
+            known = ", ".join(t.name for t in cfg.tenants)
+            raise SimError(
+                f"--trace: whose requests are these? give --tenant NAME or tenant=const:NAME "
+                f"(or tenant=COLUMN) in --columns; tenants of the config: {known}"
+            )
+        spec += f",tenant=const:{tenant_name}"
+    tenant = cfg.tenant(tenant_name) if tenant_name is not None else None
+    if tenant_name is not None and tenant is None:
+        raise SimError(f"--tenant: {tenant_name!r} is not a tenant of the config")
     if "model" not in keys:
-        model = tenant.models[0] if tenant.models else cfg.models[0].name
+        if tenant is not None and tenant.models:
+            model = tenant.models[0]
+        elif len(cfg.models) == 1:
+            model = cfg.models[0].name
+        else:
+            known = ", ".join(m.name for m in cfg.models)
+            raise SimError(f"--trace: give model=const:NAME in --columns (models: {known})")
         spec += f",model=const:{model}"
     return Scenario(
         name=trace.stem, description=f"Trace replay of {trace} at {speed}x speed.",
         config=cfg, traces=(TraceSpec(trace, parse_columns(spec), speed=speed, limit=limit),),
         duration_s=duration,
     )
+
+
+def _scenario(
+    name: str | None, *, trace: Path | None, columns: str | None, config: Path | None,
+    speed: float | None, duration: float | None, limit: int | None, tenant: str | None,
+) -> Scenario:
+    """The scenario the options describe; options that would be ignored are refused."""
+    if trace is not None:
+        if name is not None:
+            raise SimError("give a scenario or --trace, not both")
+        if speed is not None and not speed > 0:
+            raise SimError(f"--speed must be positive, got {speed:g}")
+        return _trace_scenario(
+            trace, columns, config=config, speed=speed or 1.0, duration=duration, limit=limit,
+            tenant_name=tenant,
+        )
+    if name is None:
+        raise SimError("give a scenario (see --list) or --trace FILE.csv")
+    given = [opt for opt, v in (("--speed", speed), ("--limit", limit), ("--columns", columns),
+                                ("--tenant", tenant), ("--config", config)) if v is not None]
+    if given:
+        raise SimError(
+            f"{', '.join(given)} only apply to --trace; a scenario file sets them per trace "
+            "(speed, limit and columns of each entry of traces:) and --load scales its rates"
+        )
+    sc = load_scenario(name)
+    if duration is not None:
+        sc = replace(sc, duration_s=duration)
+    return sc
+
+
+def _invalid_note(cmp: Comparison) -> None:
+    """One line when requests were refused as invalid before admission (not simulated)."""
+    r = next(iter(cmp.results.values()))
+    n = sum(sum(by.values()) for by in r.invalid.values())
+    if n:
+        reasons = sorted({k for by in r.invalid.values() for k in by})
+        err.print(
+            f"{n:,} requests invalid ({', '.join(reasons)}: prompt + max_tokens beyond the "
+            "model's context), refused before admission as the live app does; not simulated",
+            soft_wrap=True,
+        )
 
 
 def _table(cmp: Comparison) -> Table:
@@ -118,47 +184,67 @@ def sim(
         help="Trace column mapping: timestamp=COL,prompt=COL,output=COL,tenant=const:NAME,"
         "model=const:NAME[,max_tokens=output*1.5,max_cap=4096,time_format=auto,sla_ms=COL]",
     ),
-    speed: float = typer.Option(1.0, "--speed", help="Trace replay speed (k times faster)."),
+    speed: float | None = typer.Option(
+        None, "--speed", help="With --trace: replay speed (k times faster; default 1)."
+    ),
+    tenant: str | None = typer.Option(
+        None, "--tenant", help="With --trace: the tenant every row belongs to (tenant=const:NAME)."
+    ),
+    load: float | None = typer.Option(
+        None, "--load",
+        help="Scale arrival rates so offered tokens/s is this fraction of the pool's measured "
+        "capacity (1.0 = saturation; also NAME@85 for a shipped scenario).",
+    ),
     config: Path | None = typer.Option(
         None, "--config", "-c", help="Config for --trace (default: the shipped example)."
     ),
     duration: float | None = typer.Option(
         None, "--duration", help="Stop arrivals after this many virtual seconds."
     ),
-    limit: int | None = typer.Option(None, "--limit", help="Replay at most this many rows."),
-    gpu_noise: float | None = typer.Option(None, "--gpu-noise", help="GPU timing noise sigma."),
-    jobs: int = typer.Option(1, "--jobs", "-j", help="Policies simulated in parallel."),
+    limit: int | None = typer.Option(
+        None, "--limit", min=1, help="With --trace: replay at most this many rows."
+    ),
+    gpu_noise: float | None = typer.Option(
+        None, "--gpu-noise", min=0.0, help="GPU timing noise sigma."
+    ),
+    jobs: int = typer.Option(1, "--jobs", "-j", min=1, help="Policies simulated in parallel."),
     list_scenarios: bool = typer.Option(False, "--list", help="List shipped scenarios."),
 ) -> None:
     """Compare admission policies on a scenario or a trace, in virtual time."""
     if list_scenarios:
         for name, path in builtin_scenarios().items():
             typer.echo(f"{name:24s} {path}")
+        typer.echo("NAME@PCT runs a scenario at PCT% of its measured capacity (tenants13@120)")
         return
     try:
-        if trace is not None:
-            if scenario is not None:
-                raise SimError("give a scenario or --trace, not both")
-            sc = _trace_scenario(
-                trace, columns, config=config, speed=speed, duration=duration, limit=limit
-            )
-        elif scenario is not None:
-            sc = load_scenario(scenario)
-            if duration is not None:
-                sc = Scenario(**{**_fields(sc), "duration_s": duration})
-        else:
-            raise SimError("give a scenario (see --list) or --trace FILE.csv")
+        sc = _scenario(
+            scenario, trace=trace, columns=columns, config=config, speed=speed,
+            duration=duration, limit=limit, tenant=tenant,
+        )
+        for name, value in (("--duration", duration), ("--scale", scale), ("--load", load)):
+            if value is not None and not value > 0:
+                raise SimError(f"{name} must be positive, got {value:g}")
+        changes: dict[str, Any] = {}
         if seed is not None:
-            sc = sc.with_seed(seed)
+            changes["seed"] = seed
         if gpu_noise is not None:
-            sc = Scenario(**{**_fields(sc), "gpu_noise": gpu_noise})
+            changes["gpu_noise"] = gpu_noise
+        if load is not None:
+            changes["load"] = load
+        if changes:
+            sc = replace(sc, **changes)
         if scale is not None:
             sc = sc.scaled(scale)
         names = parse_policies(policies) if policies else list(sc.policies)
+        for name in names:
+            resolve(sc, name)  # variants of the scenario checked before anything runs
+        sc.check()  # trace mappings read their first row
+        sc = with_offered_load(sc, measure=True)  # capacity (cached): before any progress bar
         cmp = _run(sc, names, jobs, quiet=False)
-    except (SimError, ConfigError, OSError) as exc:
-        err.print(f"[red]triage sim:[/red] {exc}")
+    except (SimError, ConfigError, OSError) as exc:  # one line, brackets and all
+        err.print(f"[red]triage sim:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    _invalid_note(cmp)
     if report is not None:
         written = write_report(cmp, report)
         err.print(f"report: {written['report.md']}")
@@ -169,10 +255,6 @@ def sim(
         if not out.is_terminal:
             out = Console(width=160)
         out.print(_table(cmp))
-
-
-def _fields(sc: Scenario) -> dict[str, Any]:
-    return {name: getattr(sc, name) for name in sc.__dataclass_fields__}
 
 
 def register(app: typer.Typer) -> None:

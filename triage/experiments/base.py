@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from triage.sim.capacity import capacity_tokens_per_s, load_for, offered_tokens_per_s
 from triage.sim.compare import run_policy
 from triage.sim.result import SimResult
 from triage.sim.scenario import Scenario, scenario_from_dict
@@ -29,6 +29,11 @@ from triage.sim.scenario import Scenario, scenario_from_dict
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+__all__ = [
+    "Experiment", "ExperimentResult", "capacity_tokens_per_s", "load_for",
+    "offered_tokens_per_s", "parallel_map", "run_grid", "summarize",
+]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,81 +92,8 @@ def parallel_map(fn: Callable[..., T], args: Sequence[tuple[Any, ...]], jobs: in
         return [f.result() for f in futures]
 
 
-# --- load: offered work against what the pool can serve ----------------------------------
-#
-# A GPU running a continuous-batching engine is "busy" (NVML's utilization: some kernel
-# running) whenever one sequence runs, so busy time reads 95-100% long before the pool
-# runs out of throughput (the decode batch still has room). We therefore set load as
-# queueing theory does: offered tokens per second over the tokens per second the pool
-# sustains on the same traffic mix when saturated (its capacity), and report busy time
-# beside it.
-
-
-def offered_tokens_per_s(sc: Scenario) -> float:
-    """Prompt + output tokens per second the scenario's arrivals ask for (no simulation)."""
-    assert sc.duration_s
-    return sum(a.prompt_tokens + a.output_tokens for a in sc.arrivals()) / sc.duration_s
-
-
-@contextmanager
-def _quiet(name: str) -> Iterator[None]:
-    logger = logging.getLogger(name)
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
-
-
-def capacity_tokens_per_s(build: Callable[[float], Scenario], *, overload: float = 3.0) -> float:
-    """Tokens per second the pool completes on `build`'s traffic mix when saturated.
-
-    `build(load)` must scale every arrival rate by `load`. The bare engine (admit_all:
-    no front door, the engine's own FIFO and KV management) is driven at `overload` x
-    the rates of load 1 and the completed tokens per second over the last two thirds of
-    the arrival window are its capacity; the load doubles until the engine is saturated
-    (completes less than 80% of what arrives). Requests left at the end are abandoned
-    (no drain), which a capacity measurement does not need.
-    """
-    load = overload
-    served = demand = span = 0.0
-    for _ in range(4):
-        sc = build(load)
-        sc = replace(sc, drain_limit_s=1.0)
-        assert sc.duration_s
-        with _quiet("triage.sim.engine"):
-            r = run_policy(sc, "admit_all")
-        s = r.series
-        dt = s.interval
-        i0 = int(sc.duration_s / 3.0 / dt)
-        i1 = int(sc.duration_s / dt)
-        span = (i1 - i0) * dt
-        served = sum(sum(v[i0:i1]) for k, v in s.counters.items() if k.startswith("served:"))
-        demand = sum(sum(v[i0:i1]) for k, v in s.counters.items() if k.startswith("demand:"))
-        if served < 0.8 * demand:
-            break
-        load *= 2.0
-    return served / span if span > 0 else 0.0
-
-
-def load_for(build: Callable[[float], Scenario], rho: float, capacity: float) -> float:
-    """The rate multiplier at which `build`'s offered tokens/s is `rho` x capacity.
-
-    Offered tokens are counted on the arrivals themselves (same seed), which do not
-    scale exactly with the rates over a short run, so the multiplier is corrected a few
-    times until the count is within 1% of the target."""
-    target = rho * capacity
-    base = offered_tokens_per_s(build(1.0))
-    if base <= 0 or target <= 0:
-        return 1.0
-    load = target / base
-    for _ in range(6):
-        got = offered_tokens_per_s(build(load))
-        if got <= 0 or abs(got / target - 1.0) < 0.01:
-            break
-        load *= target / got
-    return load
+# Load is offered tokens/s over the pool's measured capacity: triage/sim/capacity.py
+# (shared with the scenarios' `load:`), re-exported here for the experiments.
 
 
 def summarize(r: SimResult) -> dict[str, Any]:

@@ -4,8 +4,13 @@ Poisson for independent users, steady for a metronome-like producer (embeddings
 pipelines), on/off for bursty interactive traffic (RAG), a daily curve with a
 spike at a given hour (the 9 AM batch), and a piecewise-constant profile for
 anything else. Every process yields times lazily, so a day of traffic costs no
-memory, and `scaled(k)` stretches its time axis (periods, day length) by k while
-keeping its rates, which is how `--scale` shortens a run without changing load.
+memory, and `scaled(k, rate)` stretches its time axis (periods, day length) by k and
+multiplies its rates by `rate`: k is how `--scale` shortens a run without changing
+load, `rate` is how `--load` sets the offered load (triage/sim/capacity.py).
+
+Processes are frozen dataclasses; each pickles by its fields (`__reduce__`), since
+the compiled build's default pickling assigns fields one by one after construction,
+which a frozen class refuses (and `-j N` sends scenarios to worker processes).
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 from triage.sim.dists import expovariate
@@ -25,7 +30,17 @@ class ArrivalProcess(Protocol):
 
     def mean_rate(self, end: float) -> float: ...
 
-    def scaled(self, k: float) -> ArrivalProcess: ...
+    def scaled(self, k: float, rate: float = 1.0) -> ArrivalProcess: ...
+
+
+def rebuild(cls: Any, kwargs: dict[str, Any]) -> Any:
+    """cls(**kwargs): the unpickler of the frozen records of the simulator."""
+    return cls(**kwargs)
+
+
+def reduce_fields(obj: Any) -> tuple[Any, tuple[Any, ...]]:
+    """A frozen dataclass as (rebuild, (class, fields)) for pickle."""
+    return rebuild, (type(obj), {f.name: getattr(obj, f.name) for f in fields(obj)})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +58,11 @@ class Poisson:
     def mean_rate(self, end: float) -> float:
         return self.rate
 
-    def scaled(self, k: float) -> Poisson:
-        return self
+    def scaled(self, k: float, rate: float = 1.0) -> Poisson:
+        return self if rate == 1.0 else Poisson(self.rate * rate)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,8 +87,11 @@ class Steady:
     def mean_rate(self, end: float) -> float:
         return self.rate
 
-    def scaled(self, k: float) -> Steady:
-        return self
+    def scaled(self, k: float, rate: float = 1.0) -> Steady:
+        return self if rate == 1.0 else replace(self, rate=self.rate * rate)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +131,14 @@ class OnOff:
         total = self.on_s + self.off_s
         return (self.on_rate * self.on_s + self.off_rate * self.off_s) / total if total else 0.0
 
-    def scaled(self, k: float) -> OnOff:
-        return replace(self, on_s=self.on_s * k, off_s=self.off_s * k)
+    def scaled(self, k: float, rate: float = 1.0) -> OnOff:
+        return replace(
+            self, on_s=self.on_s * k, off_s=self.off_s * k, on_rate=self.on_rate * rate,
+            off_rate=self.off_rate * rate,
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +183,14 @@ class Daily:
         n = 256
         return sum(self.rate((i + 0.5) * end / n) for i in range(n)) / n if end > 0 else 0.0
 
-    def scaled(self, k: float) -> Daily:
-        return replace(self, day_s=self.day_s * k)
+    def scaled(self, k: float, rate: float = 1.0) -> Daily:
+        return replace(
+            self, day_s=self.day_s * k, trough_rate=self.trough_rate * rate,
+            peak_rate=self.peak_rate * rate, spike_rate=self.spike_rate * rate,
+        )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,11 +233,14 @@ class Profile:
         total = sum((b - a) * r for a, b, r in self._segments(end) if b > a)
         return total / end if end > 0 else 0.0
 
-    def scaled(self, k: float) -> Profile:
+    def scaled(self, k: float, rate: float = 1.0) -> Profile:
         return Profile(
-            points=tuple((s * k, r) for s, r in self.points),
+            points=tuple((s * k, r * rate) for s, r in self.points),
             repeat_s=self.repeat_s * k if self.repeat_s else None,
         )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 _KINDS: dict[str, type] = {
@@ -212,30 +248,66 @@ _KINDS: dict[str, type] = {
 }
 
 
+_RATES = ("rate", "on_rate", "off_rate", "trough_rate", "peak_rate", "spike_rate")
+_POSITIVE = ("day_s", "repeat_s")  # when given: > 0
+_NON_NEGATIVE = ("on_s", "off_s", "spike_h", "jitter")
+_FLAGS = ("random_periods", "start_on")
+
+
+def _check(proc: Any, where: str) -> None:
+    """One line naming the field for every number that cannot be right."""
+    for f in fields(proc):
+        v = getattr(proc, f.name)
+        if f.name == "points" or (v is None and f.name == "repeat_s"):
+            continue
+        if f.name in _FLAGS:
+            if not isinstance(v, bool):
+                raise ScenarioError(f"{where}.{f.name}: expected true or false, got {v!r}")
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+            raise ScenarioError(f"{where}.{f.name}: expected a number, got {v!r}")
+        if f.name in _RATES and v < 0:
+            raise ScenarioError(f"{where}.{f.name}: expected a rate >= 0, got {v!r}")
+        if f.name in _POSITIVE and v <= 0:
+            raise ScenarioError(f"{where}.{f.name}: must be positive, got {v!r}")
+        if f.name in _NON_NEGATIVE and v < 0:
+            raise ScenarioError(f"{where}.{f.name}: must be >= 0, got {v!r}")
+    if isinstance(proc, OnOff) and proc.on_s + proc.off_s <= 0:
+        raise ScenarioError(f"{where}: on_s + off_s must be positive")
+    if isinstance(proc, Steady) and proc.jitter > 1.0:
+        raise ScenarioError(f"{where}.jitter: must be within 0..1, got {proc.jitter!r}")
+
+
 def parse_arrivals(spec: Any, where: str) -> ArrivalProcess:
     """From a scenario mapping: {process: poisson|steady|onoff|daily|profile, ...fields}."""
     if not isinstance(spec, dict) or "process" not in spec:
         raise ScenarioError(f"{where}: expected a mapping with 'process' ({', '.join(_KINDS)})")
-    fields = {k: v for k, v in spec.items() if k != "process"}
+    kw = {k: v for k, v in spec.items() if k != "process"}
     kind = _KINDS.get(str(spec["process"]))
     if kind is None:
         raise ScenarioError(f"{where}.process: unknown {spec['process']!r} ({', '.join(_KINDS)})")
     if kind is Profile:
-        pts = fields.get("points")
+        pts = kw.get("points")
         if not isinstance(pts, list) or not pts:
             raise ScenarioError(f"{where}.points: expected a list of [from_s, rate] pairs")
         try:
-            fields["points"] = tuple(sorted((float(a), float(b)) for a, b in pts))
+            kw["points"] = tuple(sorted((float(a), float(b)) for a, b in pts))
         except (TypeError, ValueError):
             raise ScenarioError(f"{where}.points: expected [from_s, rate] pairs") from None
+        for a, b in kw["points"]:
+            if a < 0 or b < 0 or not (math.isfinite(a) and math.isfinite(b)):
+                raise ScenarioError(f"{where}.points: [{a}, {b}]: times and rates must be >= 0")
+    for key, v in kw.items():
+        if key in _FLAGS:
+            if not isinstance(v, bool):
+                raise ScenarioError(f"{where}.{key}: expected true or false, got {v!r}")
+        elif key != "points" and not (v is None and key == "repeat_s") and (
+            isinstance(v, bool) or not isinstance(v, int | float)
+        ):
+            raise ScenarioError(f"{where}.{key}: expected a number, got {v!r}")
     try:
-        proc: ArrivalProcess = kind(**fields)
+        proc: ArrivalProcess = kind(**kw)
     except TypeError as exc:
         raise ScenarioError(f"{where}: {exc}") from None
-    for name in ("rate", "on_rate", "off_rate", "trough_rate", "peak_rate", "spike_rate"):
-        v = getattr(proc, name, 0.0)
-        if callable(v):
-            continue
-        if isinstance(v, bool) or not isinstance(v, int | float) or v < 0:
-            raise ScenarioError(f"{where}.{name}: expected a rate >= 0, got {v!r}")
+    _check(proc, where)
     return proc

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from triage.config.models import PolicyConfig
+from triage.sim.capacity import with_offered_load
 from triage.sim.engine import Simulator
 from triage.sim.policies import policy_config
 from triage.sim.result import SimResult
@@ -49,7 +50,8 @@ def resolve(scenario: Scenario, policy: PolicyLike) -> tuple[str, PolicyConfig]:
 def run_policy(
     scenario: Scenario, policy: PolicyLike, *, progress: CompareProgress | None = None
 ) -> SimResult:
-    """Simulate `scenario` under one policy."""
+    """Simulate `scenario` under one policy (at its `load`, if it asks for one)."""
+    scenario = with_offered_load(scenario)
     name, pc = resolve(scenario, policy)
     duration = scenario.expected_duration()
 
@@ -58,10 +60,15 @@ def run_policy(
             progress(name, min(1.0, now / duration))
 
     log.info("simulating %s under %s", scenario.name, name)
-    return Simulator(
-        scenario.config, scenario.arrivals(), policy=pc, options=scenario.options(),
+    invalid: dict[str, dict[str, int]] = {}
+    r = Simulator(
+        scenario.config, scenario.arrivals(invalid), policy=pc, options=scenario.options(),
         scenario=scenario.name, policy_name=name, progress=tick if progress else None,
     ).run()
+    r.offered_load = scenario.offered_load
+    r.capacity_tokens_per_s = scenario.capacity_tokens_per_s
+    r.invalid = invalid
+    return r
 
 
 @dataclass(slots=True)
@@ -105,6 +112,8 @@ class Comparison:
             "scenario": {
                 "name": s.name, "description": s.description, "seed": s.seed,
                 "duration_s": s.duration_s, "gpu_noise": s.gpu_noise,
+                "load": s.load, "offered_load": s.offered_load,
+                "capacity_tokens_per_s": s.capacity_tokens_per_s, "rate_scale": s.rate_scale,
                 "gpus": len(s.config.all_gpus()),
                 "tenants": {
                     t.name: {"weight": t.weight, "sla_ms": t.sla_ms,
@@ -124,9 +133,11 @@ def _run_one(scenario: Scenario, policy: PolicyLike) -> SimResult:
 
 def compare(
     scenario: Scenario, policies: Sequence[PolicyLike] | None = None, *,
-    progress: CompareProgress | None = None, jobs: int = 1,
+    progress: CompareProgress | None = None, jobs: int = 1, measure_load: bool = False,
 ) -> Comparison:
-    """Run `scenario` under each policy (default: the scenario's list)."""
+    """Run `scenario` under each policy (default: the scenario's list), at its `load`
+    if it asks for one; `measure_load` reports the offered load of one that does not."""
+    scenario = with_offered_load(scenario, measure=measure_load)  # once, for every run
     chosen: Sequence[PolicyLike] = policies if policies is not None else scenario.policies
     names = [resolve(scenario, p)[0] for p in chosen]
     if len(set(names)) != len(names):

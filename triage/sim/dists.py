@@ -51,8 +51,16 @@ class TokenDist(Protocol):
     def mean(self) -> float: ...
 
 
+def _rebuild(cls: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    return cls(*args, **kwargs)
+
+
 class Const:
     __slots__ = ("value",)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # the compiled build's default pickling calls the class with no arguments
+        return _rebuild, (Const, (self.value,), {})
 
     def __init__(self, value: int) -> None:
         self.value = value
@@ -70,6 +78,9 @@ class Uniform:
     def __init__(self, lo: int, hi: int) -> None:
         self.lo, self.hi = lo, hi
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _rebuild, (Uniform, (self.lo, self.hi), {})
+
     def sample(self, rng: random.Random) -> int:
         return rng.randint(self.lo, self.hi)
 
@@ -80,12 +91,17 @@ class Uniform:
 class LogNormal:
     """exp(N(ln median, sigma)), rounded and clamped to [lo, hi]."""
 
-    __slots__ = ("hi", "lo", "mu", "sigma")
+    __slots__ = ("hi", "lo", "median", "mu", "sigma")
 
     def __init__(self, *, median: float, sigma: float, lo: int, hi: int) -> None:
+        self.median = median
         self.mu = math.log(median)
         self.sigma = sigma
         self.lo, self.hi = lo, hi
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        kw = {"median": self.median, "sigma": self.sigma, "lo": self.lo, "hi": self.hi}
+        return _rebuild, (LogNormal, (), kw)
 
     def sample(self, rng: random.Random) -> int:
         v = int(lognormvariate(rng, self.mu, self.sigma) + 0.5)
@@ -99,17 +115,21 @@ class LogNormal:
 class Empirical:
     """Draws from observed values, with optional weights."""
 
-    __slots__ = ("_cum", "_total", "values")
+    __slots__ = ("_cum", "_total", "values", "weights")
 
     def __init__(self, values: list[int], weights: list[float] | None = None) -> None:
         if not values:
             raise ScenarioError("empirical distribution: no values")
         self.values = values
+        self.weights = weights
         w = weights if weights is not None else [1.0] * len(values)
         if len(w) != len(values) or any(x < 0 for x in w) or sum(w) <= 0:
             raise ScenarioError("empirical distribution: weights must match values and be >= 0")
         self._cum = list(accumulate(w))
         self._total = self._cum[-1]
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return _rebuild, (Empirical, (self.values, self.weights), {})
 
     def sample(self, rng: random.Random) -> int:
         i = bisect_right(self._cum, rng.random() * self._total)

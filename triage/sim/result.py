@@ -35,6 +35,13 @@ class SimResult:
     series: TimeSeries
     latency: dict[str, LogHistogram] = field(default_factory=dict)  # tenant (and "all")
     wait: dict[str, LogHistogram] = field(default_factory=dict)
+    # offered tokens/s over the pool's measured capacity (triage/sim/capacity.py); None
+    # where it was not measured. GPU busy time reads ~99% at any load: this is the load.
+    offered_load: float | None = None
+    capacity_tokens_per_s: float | None = None
+    # requests the live app would refuse as invalid before admission ({tenant: {reason:
+    # n}}, e.g. context_overflow): not simulated, not in `arrivals`
+    invalid: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def requests_per_wall_s(self) -> float:
@@ -45,8 +52,9 @@ class SimResult:
             "scenario": self.scenario, "policy": self.policy, "seed": self.seed,
             "gpus": self.gpus, "makespan_s": self.makespan_s, "wall_s": self.wall_s,
             "arrivals": self.arrivals, "decisions": self.decisions,
-            "conserved": self.conserved, "overall": self.overall, "tenants": self.tenants,
-            "pools": self.pools,
+            "conserved": self.conserved, "offered_load": self.offered_load,
+            "capacity_tokens_per_s": self.capacity_tokens_per_s, "invalid": self.invalid,
+            "overall": self.overall, "tenants": self.tenants, "pools": self.pools,
         }
         if series:
             out["series"] = self.series.to_dict()

@@ -14,6 +14,11 @@ A scenario is YAML::
     policy_variants: {full-13: {preset: full, variance_buffer: 1.3}}
     workloads: [...]        # see workload.parse_workload
     traces: [{path: ..., columns: {...}, speed: 1.0}]
+    load: 0.85              # scale arrival rates to 85% of measured capacity (capacity.py)
+    capacity_tokens_per_s: 52000   # pin the capacity instead of measuring it
+
+A shipped scenario's name may carry a load: `tenants13@120` is `tenants13` with
+`load: 1.2`. Every field is checked on load, with one line naming the field.
 
 Overrides merge into the config: mappings key by key, lists of named items by
 name, so one field of one tenant can change without repeating the rest.
@@ -22,6 +27,7 @@ name, so one field of one tenant can change without repeating the rest.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -44,8 +50,9 @@ log = logging.getLogger(__name__)
 _KEYS = {
     "name", "description", "config", "config_overrides", "duration_s", "seed", "gpu_noise",
     "sample_s", "max_num_seqs", "drain_limit_s", "policies", "policy_variants", "workloads",
-    "traces",
+    "traces", "load", "capacity_tokens_per_s",
 }
+_TRACE_KEYS = {"path", "columns", "speed", "limit"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,9 +83,30 @@ class Scenario:
     policies: tuple[str, ...] = DEFAULT_POLICIES
     policy_variants: dict[str, dict[str, Any]] = field(default_factory=dict)
     source: Path | None = None
+    # load (capacity.py): the requested offered load (None: rates as written); once
+    # applied, the capacity it was measured against, the achieved offered load and the
+    # multiplier the rates were scaled by
+    load: float | None = None
+    capacity_tokens_per_s: float | None = None
+    offered_load: float | None = None
+    rate_scale: float = 1.0
 
-    def arrivals(self) -> Iterator[Arrival]:
-        """The scenario's requests, time-ordered, identical for every policy."""
+    def arrivals(self, invalid: dict[str, dict[str, int]] | None = None) -> Iterator[Arrival]:
+        """The scenario's requests, time-ordered, identical for every policy.
+
+        A request the live app would refuse as invalid (prompt + max_tokens beyond its
+        model's context: `context_overflow`) never reaches the core there, so it is not
+        simulated here either; it is counted in `invalid` ({tenant: {reason: n}})."""
+        contexts = {m.name: m.context_tokens for m in self.config.models}
+        for a in self._arrivals():
+            if a.prompt_tokens + a.max_tokens > contexts[a.model]:
+                if invalid is not None:
+                    by = invalid.setdefault(a.tenant, {})
+                    by["context_overflow"] = by.get("context_overflow", 0) + 1
+                continue
+            yield a
+
+    def _arrivals(self) -> Iterator[Arrival]:
         streams: list[Iterator[Arrival]] = []
         if self.workloads:
             if self.duration_s is None:
@@ -93,6 +121,17 @@ class Scenario:
             streams += [s.arrivals(origin) for s in sources]
         return merge_streams(streams)
 
+    def check(self) -> None:
+        """Read each trace's first row through its mapping (columns, tenant, model), so a
+        mapping error is one line before a run starts rather than in the middle of it."""
+        for t in self.traces:
+            try:
+                first = next(iter(self._source(t).arrivals()), None)
+            except TraceError as exc:
+                raise ScenarioError(f"{self.name}: {exc}") from None
+            if first is None:
+                raise ScenarioError(f"{self.name}: {t.path}: no data rows")
+
     def _source(self, t: TraceSpec) -> TraceSource:
         return TraceSource(
             t.path, t.columns, config=self.config, speed=t.speed, limit=t.limit,
@@ -100,10 +139,13 @@ class Scenario:
         )
 
     def expected_duration(self) -> float | None:
-        """Virtual seconds of arrivals (for progress bars): duration, or the traces' span."""
-        if self.duration_s is not None:
-            return self.duration_s
+        """Virtual seconds of arrivals: the duration, or the traces' span (at their speed)
+        where that is shorter and nothing else arrives."""
         spans = [trace_span(t) for t in self.traces]
+        if self.duration_s is not None:
+            if spans and not self.workloads:
+                return min(self.duration_s, max(spans))
+            return self.duration_s
         return max(spans) if spans else None
 
     def options(self) -> SimOptions:
@@ -117,19 +159,27 @@ class Scenario:
     def with_seed(self, seed: int) -> Scenario:
         return replace(self, seed=seed)
 
-    def scaled(self, k: float) -> Scenario:
-        """Run k x as long with the same shape: durations and workload periods stretch by
-        k, rates and the pool stay (so load and utilization stay)."""
-        if k <= 0:
+    def scaled(self, k: float, rate: float = 1.0) -> Scenario:
+        """Run k x as long with the same shape, with arrival rates x `rate`.
+
+        k: durations and workload periods stretch by k, rates and the pool stay (so
+        load and utilization stay): `--scale`. rate: every workload's rates and every
+        trace's speed are multiplied by it (the offered load with them): what
+        capacity.at_load uses to set `--load`."""
+        if not k > 0:
             raise ScenarioError(f"scale must be positive, got {k}")
+        if not rate > 0:
+            raise ScenarioError(f"rate scale must be positive, got {rate}")
         duration = self.duration_s
-        if duration is None and self.traces:
+        if duration is None and self.traces and k != 1.0:
             duration = self.expected_duration()
         return replace(
             self,
             duration_s=duration * k if duration is not None else None,
-            workloads=tuple(w.scaled(k) for w in self.workloads),
+            workloads=tuple(w.scaled(k, rate) for w in self.workloads),
+            traces=tuple(replace(t, speed=t.speed * rate) for t in self.traces),
             sample_s=self.sample_s * k if self.sample_s else None,
+            offered_load=self.offered_load if rate == 1.0 else None,
         )
 
 
@@ -199,56 +249,120 @@ def _config(data: dict[str, Any], base: Path, where: str) -> TriageConfig:
         raise ScenarioError(str(exc)) from None
 
 
+def _number(
+    data: dict[str, Any], key: str, where: str, *, default: Any = None, integer: bool = False,
+    minimum: float | None = None, positive: bool = False,
+) -> Any:
+    """data[key] checked: a finite number (an integer if asked), within its bounds."""
+    v = data.get(key, default)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ScenarioError(f"{where}.{key}: expected a number, got {v!r}")
+    if integer and int(v) != v:
+        raise ScenarioError(f"{where}.{key}: expected an integer, got {v!r}")
+    if positive and v <= 0:
+        raise ScenarioError(f"{where}.{key}: must be positive, got {v!r}")
+    if minimum is not None and v < minimum:
+        raise ScenarioError(f"{where}.{key}: must be >= {minimum:g}, got {v!r}")
+    return int(v) if integer else float(v)
+
+
+def _trace(t: Any, where: str, base: Path | None) -> TraceSpec:
+    if not isinstance(t, dict) or "path" not in t or "columns" not in t:
+        raise ScenarioError(f"{where}: needs path and columns")
+    extra = set(t) - _TRACE_KEYS
+    if extra:
+        raise ScenarioError(f"{where}: unknown keys {sorted(extra)} (known: {sorted(_TRACE_KEYS)})")
+    try:
+        return TraceSpec(
+            path=resolve_path(str(t["path"]), base=base), columns=parse_columns(t["columns"]),
+            speed=_number(t, "speed", where, default=1.0, positive=True),
+            limit=_number(t, "limit", where, integer=True, minimum=1),
+        )
+    except TraceError as exc:
+        raise ScenarioError(f"{where}: {exc}") from None
+
+
+def _policies(data: dict[str, Any], where: str) -> tuple[tuple[str, ...], dict[str, Any]]:
+    names = data.get("policies") or list(DEFAULT_POLICIES)
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ScenarioError(f"{where}.policies: expected a list of policy names, got {names!r}")
+    variants = data.get("policy_variants") or {}
+    if not isinstance(variants, dict) or not all(isinstance(v, dict) for v in variants.values()):
+        raise ScenarioError(f"{where}.policy_variants: must map names to policy fields")
+    return tuple(names), {str(k): dict(v) for k, v in variants.items()}
+
+
 def scenario_from_dict(data: Any, *, source: Path | None = None) -> Scenario:
-    """Validate a parsed scenario mapping."""
+    """Validate a parsed scenario mapping: every field, one line naming a bad one."""
     where = str(source) if source else "<scenario>"
     if not isinstance(data, dict):
         raise ScenarioError(f"{where}: the top level must be a mapping")
     extra = set(data) - _KEYS
     if extra:
         raise ScenarioError(f"{where}: unknown keys {sorted(extra)} (known: {sorted(_KEYS)})")
+    for key in ("name", "description"):
+        if data.get(key) is not None and not isinstance(data[key], str):
+            raise ScenarioError(f"{where}.{key}: expected text, got {data[key]!r}")
+    for key in ("workloads", "traces"):
+        if data.get(key) is not None and not isinstance(data[key], list):
+            raise ScenarioError(f"{where}.{key}: expected a list, got {data[key]!r}")
+    duration = _number(data, "duration_s", where, positive=True)
+    seed = _number(data, "seed", where, default=0, integer=True)
+    gpu_noise = _number(data, "gpu_noise", where, default=0.0, minimum=0.0)
+    sample_s = _number(data, "sample_s", where, positive=True)
+    max_num_seqs = _number(data, "max_num_seqs", where, default=256, integer=True, minimum=1)
+    drain = _number(data, "drain_limit_s", where, default=3600.0, positive=True)
+    load = _number(data, "load", where, positive=True)
+    capacity = _number(data, "capacity_tokens_per_s", where, positive=True)
+    policies, variants = _policies(data, where)
     base = source.parent if source else None
     config = _config(data, base or Path.cwd(), where)
     workloads = tuple(
         parse_workload(w, f"{where}: workloads[{i}]", config, base=base)
         for i, w in enumerate(data.get("workloads") or [])
     )
-    traces = []
-    for i, t in enumerate(data.get("traces") or []):
-        if not isinstance(t, dict) or "path" not in t or "columns" not in t:
-            raise ScenarioError(f"{where}: traces[{i}]: needs path and columns")
-        try:
-            traces.append(TraceSpec(
-                path=resolve_path(str(t["path"]), base=base), columns=parse_columns(t["columns"]),
-                speed=float(t.get("speed", 1.0)), limit=t.get("limit"),
-            ))
-        except TraceError as exc:
-            raise ScenarioError(f"{where}: traces[{i}]: {exc}") from None
+    traces = [
+        _trace(t, f"{where}: traces[{i}]", base) for i, t in enumerate(data.get("traces") or [])
+    ]
     if not workloads and not traces:
         raise ScenarioError(f"{where}: no workloads and no traces: nothing would arrive")
-    variants = data.get("policy_variants") or {}
-    if not isinstance(variants, dict):
-        raise ScenarioError(f"{where}: policy_variants must map names to policy fields")
-    duration = data.get("duration_s")
+    if workloads and duration is None:
+        raise ScenarioError(f"{where}.duration_s: required with workloads")
     return Scenario(
         name=str(data.get("name") or (source.stem if source else "scenario")),
-        description=str(data.get("description", "")).strip(),
-        config=config, workloads=workloads, traces=tuple(traces),
-        duration_s=float(duration) if duration is not None else None,
-        seed=int(data.get("seed", 0)), gpu_noise=float(data.get("gpu_noise", 0.0)),
-        sample_s=float(data["sample_s"]) if data.get("sample_s") else None,
-        max_num_seqs=int(data.get("max_num_seqs", 256)),
-        drain_limit_s=float(data.get("drain_limit_s", 3600.0)),
-        policies=tuple(data.get("policies") or DEFAULT_POLICIES),
-        policy_variants={str(k): dict(v) for k, v in variants.items()},
-        source=source,
+        description=str(data.get("description") or "").strip(),
+        config=config, workloads=workloads, traces=tuple(traces), duration_s=duration,
+        seed=seed, gpu_noise=gpu_noise, sample_s=sample_s, max_num_seqs=max_num_seqs,
+        drain_limit_s=drain, policies=policies, policy_variants=variants, source=source,
+        load=load, capacity_tokens_per_s=capacity,
     )
 
 
+def split_load(text: str) -> tuple[str, float | None]:
+    """`tenants13@120` -> ("tenants13", 1.2); a name without @ -> (name, None)."""
+    name, sep, pct = text.rpartition("@")
+    if not sep or not name:
+        return text, None
+    try:
+        v = float(pct)
+    except ValueError:
+        raise ScenarioError(f"{text}: the load after @ must be a percentage, e.g. @85") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ScenarioError(f"{text}: the load after @ must be a positive percentage")
+    return name, v / 100.0
+
+
 def load_scenario(name_or_path: str | Path) -> Scenario:
-    """A shipped scenario by name (`seed-morning`) or a scenario file by path."""
+    """A shipped scenario by name (`seed-morning`, `tenants13@120`) or a file by path."""
     text = str(name_or_path)
     builtin = builtin_scenarios()
+    if text not in builtin and not Path(text).exists():
+        name, load = split_load(text)
+        if load is not None:
+            sc = load_scenario(name)
+            return replace(sc, name=f"{sc.name}@{text.rpartition('@')[2]}", load=load)
     if text in builtin:
         path = builtin[text]
     else:

@@ -17,6 +17,11 @@ class TimeSeries:
 
     __slots__ = ("counters", "gauges", "interval", "max_points", "n")
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # results come back from worker processes (-j N); the compiled build's default
+        # pickling would call TimeSeries() with no interval
+        return _restore, (self.interval, self.max_points, self.n, self.gauges, self.counters)
+
     def __init__(self, *, interval: float, max_points: int = 2048) -> None:
         if interval <= 0 or max_points < 4:
             raise ValueError("interval must be positive and max_points >= 4")
@@ -96,3 +101,12 @@ def _mean2(a: float, b: float) -> float:
     if b != b:
         return a
     return (a + b) / 2.0
+
+
+def _restore(
+    interval: float, max_points: int, n: int, gauges: dict[str, list[float]],
+    counters: dict[str, list[float]],
+) -> TimeSeries:
+    ts = TimeSeries(interval=interval, max_points=max_points)
+    ts.n, ts.gauges, ts.counters = n, gauges, counters
+    return ts

@@ -7,9 +7,13 @@ where each field comes from; written on the command line as
 - ``timestamp``: a column; the clock is ISO wall time (``2023-11-16 18:17:03.9799600``,
   no zone), or epoch seconds / ms / us (``time_format``: auto|iso|s|ms|us).
 - ``prompt``, ``output``: a column or ``const:N``.
-- ``max_tokens``: a column, ``const:N``, or ``output*K`` (rounded up), capped at
-  ``max_cap`` (default 4096) and by the model's context. Default ``output*1.5``:
-  traces record what was generated, not what the client asked for.
+- ``max_tokens``: a column, ``const:N``, or ``output*K`` (rounded up; capped at
+  ``max_cap``, default 4096, and fitted into the model's context). Default: a column
+  named max_tokens (or MaxTokens, max_new_tokens) when the trace has one, else
+  ``output*1.5``: most traces record what was generated, not what was asked for.
+  A row whose prompt + max_tokens exceeds its model's context is what the live app
+  refuses as invalid (`context_overflow`): the simulator counts and reports it and
+  does not simulate it (see workload.shape).
 - ``tenant``, ``model``: ``const:NAME``, a column (``col:NAME`` or the bare name),
   or ``map:COLUMN:value=name;value=name;*=default``.
 - ``sla_ms``: optional, a column or ``const:N``.
@@ -20,6 +24,7 @@ Time starts at the first row (or a given origin) and runs ``speed`` times faster
 from __future__ import annotations
 
 import csv
+import logging
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -31,11 +36,15 @@ from triage.config.models import TriageConfig
 from triage.sim.errors import TraceError
 from triage.sim.workload import Arrival, shape
 
+log = logging.getLogger(__name__)
+
 _FIELDS = {
     "timestamp", "prompt", "output", "max_tokens", "max_cap", "tenant", "model", "sla_ms",
     "time_format",
 }
 _UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+DEFAULT_MAX_TOKENS = "output*1.5"
+MAX_TOKENS_COLUMNS = ("max_tokens", "maxtokens", "max_new_tokens", "maxnewtokens")
 _EPOCH_DAY = date(1970, 1, 1).toordinal()  # ISO times become Unix seconds (zone-less = UTC)
 
 
@@ -48,7 +57,7 @@ class ColumnMapping:
     output: str
     tenant: str
     model: str
-    max_tokens: str = "output*1.5"
+    max_tokens: str | None = None  # None: a max_tokens column if any, else output*1.5
     max_cap: int = 4096
     sla_ms: str | None = None
     time_format: str = "auto"
@@ -84,7 +93,7 @@ def parse_columns(spec: str | dict[str, Any]) -> ColumnMapping:
     return ColumnMapping(
         timestamp=items["timestamp"], prompt=items["prompt"], output=items["output"],
         tenant=items["tenant"], model=items["model"],
-        max_tokens=items.get("max_tokens", "output*1.5"), max_cap=cap,
+        max_tokens=items.get("max_tokens"), max_cap=cap,
         sla_ms=items.get("sla_ms"), time_format=fmt,
     )
 
@@ -161,6 +170,14 @@ def _num_getter(spec: str, col: dict[str, int], what: str) -> Callable[[list[str
     return lambda row: int(float(row[idx]))
 
 
+def max_tokens_column(col: dict[str, int]) -> str | None:
+    """A trace column that records the client's max_tokens, if the header has one."""
+    for name in col:
+        if name.lower().replace("-", "_") in MAX_TOKENS_COLUMNS:
+            return name
+    return None
+
+
 def _col(name: str, col: dict[str, int], what: str) -> int:
     if name not in col:
         raise TraceError(f"{what}: no column {name!r} in the trace (columns: {sorted(col)})")
@@ -222,13 +239,19 @@ class TraceSource:
             get_sla = _num_getter(m.sla_ms, col, "sla_ms") if m.sla_ms else None
             factor = 0.0
             get_max: Callable[[list[str]], int] | None = None
-            if m.max_tokens.startswith("output*"):
+            found = max_tokens_column(col) if m.max_tokens is None else None
+            if found is not None:
+                log.warning("%s: max_tokens from its column %r", self.path.name, found)
+            max_spec = m.max_tokens or found or DEFAULT_MAX_TOKENS
+            if max_spec.startswith("output*"):
                 try:
-                    factor = float(m.max_tokens[7:])
+                    factor = float(max_spec[7:])
                 except ValueError:
-                    raise TraceError(f"max_tokens: {m.max_tokens!r} is not output*K") from None
+                    raise TraceError(f"max_tokens: {max_spec!r} is not output*K") from None
+                if not factor >= 1.0:
+                    raise TraceError(f"max_tokens: {max_spec!r}: K must be >= 1")
             else:
-                get_max = _num_getter(m.max_tokens, col, "max_tokens")
+                get_max = _num_getter(max_spec, col, "max_tokens")
             contexts: dict[str, int] = {}
             tenants: set[str] = set()
             clock: Callable[[str], float] | None = None
@@ -259,6 +282,8 @@ class TraceSource:
                     prompt, out = get_prompt(row), get_out(row)
                     mt = get_max(row) if get_max is not None else math.ceil(out * factor)
                     sla = get_sla(row) / 1000.0 if get_sla is not None else None
+                    if prompt < 1 or out < 0 or mt < 1 or (sla is not None and sla <= 0):
+                        raise ValueError("token counts must be positive")
                 except (ValueError, IndexError) as exc:
                     raise TraceError(f"{self.path}:{line_no}: bad row {row!r}: {exc}") from None
                 context = contexts.get(model)
@@ -270,7 +295,10 @@ class TraceSource:
                             f"{self.path}:{line_no}: tenant {tenant!r} is not in the config"
                         )
                     tenants.add(tenant)
-                p, mx, o = shape(prompt, min(mt, cap), out, context)
+                if get_max is None:
+                    p, mx, o = shape(prompt, min(mt, cap), out, context, True)
+                else:
+                    p, mx, o = shape(prompt, mt, out, context, False)
                 self.rows += 1
                 yield Arrival(t, tenant, model, p, mx, o, sla)
 

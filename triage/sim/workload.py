@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Final
 from triage.admission.heaps import heapify, heappop, heapreplace
 from triage.admission.record import Record
 from triage.config.models import TriageConfig
-from triage.sim.arrivals import ArrivalProcess, parse_arrivals
+from triage.sim.arrivals import ArrivalProcess, parse_arrivals, reduce_fields
 from triage.sim.dists import TokenDist, parse_dist
 from triage.sim.errors import ScenarioError
 
@@ -50,13 +50,31 @@ class Arrival(Record):
         self.request_id: Final = request_id
 
 
-def shape(prompt: int, max_tokens: int, output: int, context: int) -> tuple[int, int, int]:
-    """Clamp a request to its model's context: prompt + max_tokens <= context,
-    1 <= output <= max_tokens."""
-    prompt = max(1, min(prompt, context - 1))
-    max_tokens = max(1, min(max_tokens, context - prompt))
-    output = max(1, min(output, max_tokens))
+def shape(
+    prompt: int, max_tokens: int, output: int, context: int, derived: bool
+) -> tuple[int, int, int]:
+    """A request as a client would send it: counts >= 1, output <= max_tokens.
+
+    Nothing is clamped to the context: a request whose prompt + max_tokens exceeds it
+    is what the live app refuses as `context_overflow`, and `overflows` says so. Only
+    a max_tokens the simulator derived (output x factor: traces record what was
+    generated, not asked) is fitted into the context, never below the output itself,
+    since a real client asks within the context."""
+    prompt = prompt if prompt > 1 else 1
+    output = output if output > 1 else 1
+    if derived:
+        room = context - prompt
+        max_tokens = max_tokens if max_tokens < room else room
+        max_tokens = max_tokens if max_tokens > output else output
+    else:
+        max_tokens = max_tokens if max_tokens > 1 else 1
+        output = output if output < max_tokens else max_tokens
     return prompt, max_tokens, output
+
+
+def overflows(a: Arrival, context: int) -> bool:
+    """The live app's `context_overflow` check: prompt + max_tokens beyond the context."""
+    return a.prompt_tokens + a.max_tokens > context
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,19 +98,25 @@ class Workload:
         for t in self.arrivals.times(rng, end):
             prompt = prompt_d.sample(rng)
             out = out_d.sample(rng)
-            mt = max_d.sample(rng) if max_d is not None else min(cap, math.ceil(out * factor))
-            p, m, o = shape(prompt, mt, out, context)
+            if max_d is not None:
+                p, m, o = shape(prompt, max_d.sample(rng), out, context, False)
+            else:
+                p, m, o = shape(prompt, min(cap, math.ceil(out * factor)), out, context, True)
             yield Arrival(t, tenant, model, p, m, o, sla)
 
     def expected_requests(self, end: float) -> float:
         return self.arrivals.mean_rate(end) * end
 
-    def scaled(self, k: float) -> Workload:
+    def scaled(self, k: float, rate: float = 1.0) -> Workload:
+        """Time axis x k, arrival rates x rate (see ArrivalProcess.scaled)."""
         return Workload(
-            tenant=self.tenant, model=self.model, arrivals=self.arrivals.scaled(k),
+            tenant=self.tenant, model=self.model, arrivals=self.arrivals.scaled(k, rate),
             prompt=self.prompt, output=self.output, max_tokens=self.max_tokens,
             max_factor=self.max_factor, max_cap=self.max_cap, sla_s=self.sla_s,
         )
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return reduce_fields(self)
 
 
 _WORKLOAD_KEYS = {
@@ -124,6 +148,14 @@ def parse_workload(
     if tcfg.models is not None and model not in tcfg.models:
         raise ScenarioError(f"{where}.model: tenant {tenant!r} may not call {model!r}")
     sla_ms = spec.get("sla_ms")
+    if sla_ms is not None and (not _number(sla_ms) or sla_ms <= 0):
+        raise ScenarioError(f"{where}.sla_ms: expected a positive number, got {sla_ms!r}")
+    factor = spec.get("max_factor", 1.5)
+    if not _number(factor) or factor <= 0:
+        raise ScenarioError(f"{where}.max_factor: expected a positive number, got {factor!r}")
+    cap = spec.get("max_cap", 4096)
+    if not _number(cap) or cap < 1 or int(cap) != cap:
+        raise ScenarioError(f"{where}.max_cap: expected an integer >= 1, got {cap!r}")
     return Workload(
         tenant=tenant,
         model=str(model),
@@ -134,10 +166,14 @@ def parse_workload(
             parse_dist(spec["max_tokens"], f"{where}.max_tokens", base=base)
             if spec.get("max_tokens") is not None else None
         ),
-        max_factor=float(spec.get("max_factor", 1.5)),
-        max_cap=int(spec.get("max_cap", 4096)),
+        max_factor=float(factor),
+        max_cap=int(cap),
         sla_s=float(sla_ms) / 1000.0 if sla_ms is not None else None,
     )
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def merge_streams(streams: Iterable[Iterator[Arrival]]) -> Iterator[Arrival]:
