@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.unit._sim_factory import scenario
+from tests.unit._sim_factory import scenario, sim_config
 from triage.config import config_from_dict
 from triage.sim.compare import compare
 from triage.sim.plots import zoomed_floor
 from triage.sim.plots_time import clock
 from triage.sim.report import write_report
-from triage.sim.scenario import load_scenario
+from triage.sim.scenario import Scenario, TraceSpec, load_scenario
+from triage.sim.trace import parse_columns
 
 
 def test_report_writes_every_file(tmp_path: Path) -> None:
@@ -80,6 +81,24 @@ def test_clock_reads_the_scenario_time_of_day_and_its_spike() -> None:
     plain = clock(scenario(duration_s=60.0), 60.0)
     assert not plain.time_of_day and plain.label == "seconds from start" and not plain.spikes
     assert clock(scenario(duration_s=3600.0), 3600.0).label == "minutes from start"
+
+
+def test_clock_of_a_trace_is_its_own_time_of_day(tmp_path: Path) -> None:
+    def trace(name: str, stamps: list[str]) -> Scenario:
+        csv = tmp_path / f"{name}.csv"
+        rows = [f"{ts},{200 + i},{10 + i}" for i, ts in enumerate(stamps)]
+        csv.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+        cols = parse_columns("timestamp=TIMESTAMP,prompt=ContextTokens,output=GeneratedTokens,"
+                             "tenant=const:a,model=const:m8")
+        return Scenario(name=name, config=sim_config(),
+                        traces=(TraceSpec(csv, cols, speed=2.0),))
+
+    wall = clock(trace("wall", ["2023-11-16 18:30:00.0", "2023-11-16 18:40:00.0"]), 300.0)
+    assert wall.time_of_day and wall.origin == pytest.approx(18.5)
+    assert wall.x(900.0) == pytest.approx(19.0)  # 900 s at 2x: half an hour of trace time
+    assert "2x" in wall.label
+    rel = clock(trace("rel", ["0.5", "30.0"]), 15.0)
+    assert not rel.time_of_day and rel.label == "seconds from start"
 
 
 def test_zoomed_axis_only_where_zero_hides_differences() -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
@@ -21,9 +22,11 @@ from matplotlib.ticker import FuncFormatter, MultipleLocator
 
 from triage.sim.arrivals import Daily
 from triage.sim.compare import Comparison
+from triage.sim.errors import TraceError
 from triage.sim.fairshare import fair_allocations
 from triage.sim.plots import _COLORS, line_styles, save, tenants_of
 from triage.sim.scenario import Scenario
+from triage.sim.trace import TraceSource
 
 MAX_BINS = 120  # slots are merged (summed) down to about this many per panel
 SPIKE_COLOR = "goldenrod"
@@ -79,11 +82,34 @@ def clock(scenario: Scenario, span_s: float) -> Clock:
     if daily and any(d.start_hour for _, d in daily):
         d = next(d for _, d in daily if d.start_hour)
         return Clock("time of day (scenario clock)", d.day_s / 24.0, d.start_hour, True, spikes)
+    wall = _trace_clock(scenario, spikes)
+    if wall is not None:
+        return wall
     if span_s <= 900:
         return Clock("seconds from start", 1.0, spikes=spikes)
     if span_s <= 3 * 3600:
         return Clock("minutes from start", 60.0, spikes=spikes)
     return Clock("hours from start", 3600.0, spikes=spikes)
+
+
+def _trace_clock(scenario: Scenario, spikes: list[tuple[float, float, str]]) -> Clock | None:
+    """Time of day in the traces' own clock, where their timestamps are wall-clock
+    times (ISO, or epoch values after 2001) and they replay at one speed."""
+    speeds = {t.speed for t in scenario.traces}
+    if len(speeds) != 1:
+        return None
+    try:
+        first = min(
+            TraceSource(t.path, t.columns, config=scenario.config, speed=t.speed).first_timestamp()
+            for t in scenario.traces
+        )
+    except (TraceError, OSError, ValueError):
+        return None
+    if first < 1e9:  # relative seconds, not a wall clock
+        return None
+    speed = speeds.pop()
+    label = "time of day in the trace" + (f" (replayed at {speed:g}x)" if speed != 1 else "")
+    return Clock(label, 3600.0 / speed, (first % 86400.0) / 3600.0, True, spikes)
 
 
 def _clock(cmp: Comparison) -> Clock:
@@ -153,8 +179,27 @@ def timelines(cmp: Comparison, path: Path) -> Path:
                          "engine overcommit)", fontsize=10)
             _legend(qa, ck, fontsize=7, loc="upper left")
             ua.legend(fontsize=7, loc="upper left", ncol=2)
-    axes[0][1].set_ylim(0, top)
+    ua = axes[0][1]
+    if top > 1.5:  # engine overcommit: linear up to 1, logarithmic above, so both read
+        ua.set_yscale("function", functions=(_lin_log, _lin_log_inv))
+        ticks = [0.0, 0.25, 0.5, 0.75, 1.0]
+        while ticks[-1] * 2 <= top * 1.2:
+            ticks.append(ticks[-1] * 2)
+        ua.set_yticks(ticks, [f"{v:g}" for v in ticks])
+        for row in axes:
+            row[1].set_ylabel("fraction (log above 1)", fontsize=8)
+    ua.set_ylim(0, top)
     return save(fig, path)
+
+
+def _lin_log(y: Any) -> Any:
+    y = np.asarray(y, dtype=float)
+    return np.where(y <= 1.0, y, 1.0 + np.log2(np.maximum(y, 1.0)))
+
+
+def _lin_log_inv(v: Any) -> Any:
+    v = np.asarray(v, dtype=float)
+    return np.where(v <= 1.0, v, np.exp2(np.maximum(v, 1.0) - 1.0))
 
 
 def shares(cmp: Comparison, path: Path) -> Path:
