@@ -62,6 +62,35 @@ def _num(v: Any, d: int = 2) -> str:
     return "n/a" if v is None else f"{v:,.{d}f}"
 
 
+def _per_tenant(cmp: Comparison, rows: list[dict[str, Any]]) -> Table:
+    """SLA met per tenant: a row per policy, or, with many tenants, a row per tenant."""
+    tenants = cmp.scenario.config.tenants
+    per = Table(title="SLA met per tenant (within SLA / arrived)")
+    if len(tenants) <= 6:
+        per.add_column("policy")
+        for col in ("all", "weighted",
+                    *(f"{t.name}\nw{t.weight:g}, {t.sla_ms / 1000:g} s" for t in tenants)):
+            per.add_column(col, justify="right")
+        for row in rows:
+            r = cmp.results[row["policy"]]
+            per.add_row(
+                row["policy"], _pct(row["sla_attainment"]), _pct(row["sla_attainment_weighted"]),
+                *(_pct(r.tenants[t.name]["sla_attainment"]) for t in tenants),
+            )
+        return per
+    per.add_column("tenant")
+    per.add_column("weight, SLA", justify="right")
+    for row in rows:
+        per.add_column(row["policy"], justify="right")
+    per.add_row("all", "", *(_pct(row["sla_attainment"]) for row in rows))
+    per.add_row("weighted", "", *(_pct(row["sla_attainment_weighted"]) for row in rows),
+                end_section=True)
+    for t in tenants:
+        per.add_row(t.name, f"w{t.weight:g}, {t.sla_ms / 1000:g} s",
+                    *(_pct(row["tenant_sla_attainment"][t.name]) for row in rows))
+    return per
+
+
 def _tables(cmp: Comparison) -> list[Table]:
     """The headline per policy, SLA met per tenant and by prompt length, predictor error."""
     rows = cmp.table()
@@ -84,19 +113,7 @@ def _tables(cmp: Comparison) -> list[Table]:
             _num(row["queue_wait_p99_s"]), _pct(row["preemption_rate"]),
             _num(row["fairness_jain_backlogged"]), _num(row["wall_s"], 1),
         )
-    tenants = cmp.scenario.config.tenants
-    per = Table(title="SLA met per tenant (within SLA / arrived)")
-    per.add_column("policy")
-    per.add_column("all", justify="right")
-    per.add_column("weighted", justify="right")
-    for t in tenants:
-        per.add_column(f"{t.name}\nw{t.weight:g}, {t.sla_ms / 1000:g} s", justify="right")
-    for row in rows:
-        r = cmp.results[row["policy"]]
-        per.add_row(
-            row["policy"], _pct(row["sla_attainment"]), _pct(row["sla_attainment_weighted"]),
-            *(_pct(r.tenants[t.name]["sla_attainment"]) for t in tenants),
-        )
+    per = _per_tenant(cmp, rows)
     buckets: dict[str, int] = {}
     for label, b in first.overall["sla_by_prompt"].items():
         buckets[label] = b["requests"]

@@ -21,6 +21,7 @@ from triage.sim.compare import Comparison
 
 DPI = 110
 HIGHLIGHT = "full"
+MAX_BAR_TENANTS = 5  # more tenants: the SLA figure is a labelled grid instead of bars
 _COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
            "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
 _DASHES = ("-", "--", "-.", ":")
@@ -72,6 +73,8 @@ def sla_goodput(cmp: Comparison, path: Path) -> Path:
     hide the differences."""
     policies = cmp.policies
     tenants = tenants_of(cmp)
+    if len(tenants) > MAX_BAR_TENANTS:
+        return _sla_grid(cmp, path)
     weights = {t.name: t.weight for t in cmp.scenario.config.tenants}
     groups = ["all", "weighted", *tenants]
     fig = Figure(figsize=(min(18.0, max(10.0, 0.3 * len(policies) * len(groups) + 3.0)), 8.0),
@@ -111,21 +114,64 @@ def sla_goodput(cmp: Comparison, path: Path) -> Path:
                   fontsize=10)
     ax1.grid(True, axis="y", alpha=0.3)
     ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    _goodput_bars(cmp, ax2)
+    return save(fig, path)
+
+
+def _goodput_bars(cmp: Comparison, ax: Axes) -> None:
+    policies = cmp.policies
     good = [cmp.results[p].overall["goodput_tokens_per_gpu_s"] for p in policies]
     top = highlighted(policies)
-    bars = ax2.bar(range(len(policies)), good, width=0.6,
-                   color=["black" if p == top else "tab:green" for p in policies])
-    ax2.bar_label(bars, labels=[f"{v:,.0f}" for v in good], fontsize=8, padding=1)
+    bars = ax.bar(range(len(policies)), good, width=0.6,
+                  color=["black" if p == top else "tab:green" for p in policies])
+    ax.bar_label(bars, labels=[f"{v:,.0f}" for v in good], fontsize=8, padding=1)
     floor = zoomed_floor(good) if good else 0.0
     hi = max(good) if good else 1.0
-    ax2.set_ylim(floor, hi + (hi - floor) * 0.12 + 1e-9)
-    ax2.set_xticks(range(len(policies)), policies, fontsize=8)
+    ax.set_ylim(floor, hi + (hi - floor) * 0.12 + 1e-9)
+    ax.set_xticks(range(len(policies)), policies, fontsize=8, rotation=20, ha="right")
     ylabel = "goodput\n(tokens in SLA / GPU-s)"
     if floor > 0:
         ylabel += f"\naxis starts at {floor:,.0f}, not 0"
-    ax2.set_ylabel(ylabel, fontsize=9)
-    ax2.set_title(f"goodput ({top} in black)", fontsize=10)
-    ax2.grid(True, axis="y", alpha=0.3)
+    ax.set_ylabel(ylabel, fontsize=9)
+    ax.set_title(f"goodput ({top} in black)", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+
+
+def _or_nan(v: float | None) -> float:
+    return math.nan if v is None else float(v)
+
+
+def _sla_grid(cmp: Comparison, path: Path) -> Path:
+    """Many tenants: SLA attainment as a labelled grid (tenants x policies) above the
+    goodput bars; bars for every tenant and policy would be unreadable."""
+    policies = cmp.policies
+    cfg = cmp.scenario.config
+    rows = ["all requests", "weight-normalized",
+            *(f"{t.name} (w{t.weight:g}, {t.sla_ms / 1000:g} s)" for t in cfg.tenants)]
+    grid: list[list[float | None]] = []
+    for p in policies:
+        o = cmp.results[p].overall
+        grid.append([o.get("sla_attainment"), o.get("sla_attainment_weighted"),
+                     *(cmp.results[p].tenants[t.name].get("sla_attainment")
+                       for t in cfg.tenants)])
+    values: list[list[float]] = [
+        [_or_nan(col[i]) for col in grid] for i in range(len(rows))
+    ]
+    fig = Figure(figsize=(max(9.0, 1.3 * len(policies) + 4.0), 0.38 * len(rows) + 5.5),
+                 layout="constrained")
+    ax1, ax2 = fig.subplots(2, 1, height_ratios=[0.38 * len(rows) + 0.6, 2.6])
+    im = ax1.imshow(values, cmap="RdYlGn", vmin=0.5, vmax=1.0, aspect="auto")
+    for i, row in enumerate(values):
+        for j, v in enumerate(row):
+            ax1.text(j, i, "n/a" if v != v else f"{100 * v:.1f}", ha="center", va="center",
+                     fontsize=7, fontweight="bold" if i < 2 else "normal")
+    ax1.set_xticks(range(len(policies)), policies, fontsize=8)
+    ax1.xaxis.tick_top()
+    ax1.set_yticks(range(len(rows)), rows, fontsize=8)
+    ax1.axhline(1.5, color="black", linewidth=1.0)
+    fig.colorbar(im, ax=ax1, label="SLA met / arrived (colour floor 50%)", shrink=0.8)
+    ax1.set_title("SLA attainment (%) per tenant and policy", fontsize=10)
+    _goodput_bars(cmp, ax2)
     return save(fig, path)
 
 

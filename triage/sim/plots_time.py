@@ -286,10 +286,14 @@ def sla_over_time(cmp: Comparison, path: Path) -> Path:
     tenants = tenants_of(cmp)
     styles = line_styles(cmp.policies)
     ck = _clock(cmp)
-    fig = Figure(figsize=(12.0, 2.2 * len(tenants) + 1.0), layout="constrained")
-    axes = fig.subplots(len(tenants), 1, squeeze=False, sharex=True, sharey=True)
+    cols = 2 if len(tenants) > 6 else 1
+    rows = math.ceil(len(tenants) / cols)
+    fig = Figure(figsize=(12.0 if cols == 1 else 16.0, 2.2 * rows + 1.0), layout="constrained")
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    for k in range(len(tenants), rows * cols):
+        axes[k // cols][k % cols].set_visible(False)
     for k, tenant in enumerate(tenants):
-        ax = axes[k][0]
+        ax = axes[k // cols][k % cols]
         for policy, r in cmp.results.items():
             s = r.series
             kb = _bins(s.n)
@@ -300,7 +304,9 @@ def sla_over_time(cmp: Comparison, path: Path) -> Path:
         ax.set_ylim(0, 1.05)
         ax.set_ylabel(f"{tenant}\nSLA met", fontsize=8)
         ax.grid(True, alpha=0.3)
-        ck.apply(ax, label=k == len(tenants) - 1)
+        if k >= len(tenants) - cols:  # the last of its column: its own tick labels
+            ax.tick_params(labelbottom=True)
+        ck.apply(ax, label=k >= len(tenants) - cols)
         if k == 0:
             ax.set_title("SLA attainment by arrival time (met / arrived in each interval)",
                          fontsize=10)

@@ -231,8 +231,8 @@ def _reproduce(cmp: Comparison, command: str | None) -> list[str]:
         command = f"triage sim {target} --policies {','.join(cmp.policies)} --seed {s.seed}"
         if s.source is None:
             command += "  # an in-code scenario: build it as its caller did"
-    out = ["## Reproduce", "", f"The command (triage {__version__}):", "", "```bash", command, "```",
-           ""]
+    out = ["## Reproduce", "", f"The command (triage {__version__}):", "",
+           "```bash", command, "```", ""]
     if s.source is not None and s.source.is_file():
         out += [f"Scenario file `{s.source}`:", "", "```yaml",
                 s.source.read_text(encoding="utf-8").rstrip(), "```", ""]
