@@ -8,8 +8,8 @@ import pytest
 
 from triage.admission.policy import resolve_policy
 from triage.sim.errors import PolicyNameError
+from triage.sim.fairshare import fairness, water_fill
 from triage.sim.histogram import NBUCKETS, LogHistogram
-from triage.sim.metrics import fairness, water_fill
 from triage.sim.policies import VARIANTS, parse_policies, policy_config
 from triage.sim.series import TimeSeries
 

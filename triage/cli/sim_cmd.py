@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -119,26 +120,85 @@ def _invalid_note(cmp: Comparison) -> None:
         )
 
 
-def _table(cmp: Comparison) -> Table:
-    t = Table(title=f"{cmp.scenario.name}: {next(iter(cmp.results.values())).arrivals:,} requests")
-    for col in ("policy", "SLA met", "goodput", "accepted", "timed out", "p99 s",
-                "p99 wait s", "preempt", "Jain", "wall s"):
-        t.add_column(col, justify="left" if col == "policy" else "right")
+def _pct(v: Any) -> str:
+    return "n/a" if v is None else f"{100 * v:.1f}%"
 
-    def pct(v: Any) -> str:
-        return "n/a" if v is None else f"{100 * v:.1f}%"
 
-    def num(v: Any, d: int = 2) -> str:
-        return "n/a" if v is None else f"{v:,.{d}f}"
+def _num(v: Any, d: int = 2) -> str:
+    return "n/a" if v is None else f"{v:,.{d}f}"
 
-    for row in cmp.table():
-        t.add_row(
-            row["policy"], pct(row["sla_attainment"]), num(row["goodput_tokens_per_gpu_s"], 0),
-            pct(row["acceptance"]), pct(row["timeout_rate"]), num(row["latency_p99_s"]),
-            num(row["queue_wait_p99_s"]), pct(row["preemption_rate"]),
-            num(row["fairness_jain"]), num(row["wall_s"], 1),
+
+def _per_tenant(cmp: Comparison, rows: list[dict[str, Any]]) -> Table:
+    """SLA met per tenant: a row per policy, or, with many tenants, a row per tenant."""
+    tenants = cmp.scenario.config.tenants
+    per = Table(title="SLA met per tenant (within SLA / arrived)")
+    if len(tenants) <= 6:
+        per.add_column("policy")
+        for col in ("all", "weighted",
+                    *(f"{t.name}\nw{t.weight:g}, {t.sla_ms / 1000:g} s" for t in tenants)):
+            per.add_column(col, justify="right")
+        for row in rows:
+            r = cmp.results[row["policy"]]
+            per.add_row(
+                row["policy"], _pct(row["sla_attainment"]), _pct(row["sla_attainment_weighted"]),
+                *(_pct(r.tenants[t.name]["sla_attainment"]) for t in tenants),
+            )
+        return per
+    per.add_column("tenant")
+    per.add_column("weight, SLA", justify="right")
+    for row in rows:
+        per.add_column(row["policy"], justify="right")
+    per.add_row("all", "", *(_pct(row["sla_attainment"]) for row in rows))
+    per.add_row("weighted", "", *(_pct(row["sla_attainment_weighted"]) for row in rows),
+                end_section=True)
+    for t in tenants:
+        per.add_row(t.name, f"w{t.weight:g}, {t.sla_ms / 1000:g} s",
+                    *(_pct(row["tenant_sla_attainment"][t.name]) for row in rows))
+    return per
+
+
+def _tables(cmp: Comparison) -> list[Table]:
+    """The headline per policy, SLA met per tenant and by prompt length, predictor error."""
+    rows = cmp.table()
+    first = next(iter(cmp.results.values()))
+    title = f"{cmp.scenario.name}: {first.arrivals:,} requests"
+    loads = {row["offered_load"] for row in rows} - {None}
+    if loads:
+        title += ", offered load " + " / ".join(f"{100 * v:.0f}%" for v in sorted(loads))
+        title += " of capacity (tokens/s)"
+    head = Table(title=title, caption="SLA met: within SLA / arrived (refusals count as "
+                 "misses); weighted: by tenant weight; completed: within SLA / completed")
+    for col in ("policy", "SLA met", "weighted", "completed", "goodput", "accepted",
+                "timed out", "p99 s", "p99 wait s", "preempt", "Jain backlogged", "wall s"):
+        head.add_column(col, justify="left" if col == "policy" else "right")
+    for row in rows:
+        head.add_row(
+            row["policy"], _pct(row["sla_attainment"]), _pct(row["sla_attainment_weighted"]),
+            _pct(row["sla_attainment_completed"]), _num(row["goodput_tokens_per_gpu_s"], 0),
+            _pct(row["acceptance"]), _pct(row["timeout_rate"]), _num(row["latency_p99_s"]),
+            _num(row["queue_wait_p99_s"]), _pct(row["preemption_rate"]),
+            _num(row["fairness_jain_backlogged"]), _num(row["wall_s"], 1),
         )
-    return t
+    per = _per_tenant(cmp, rows)
+    buckets: dict[str, int] = {}
+    for label, b in first.overall["sla_by_prompt"].items():
+        buckets[label] = b["requests"]
+    by_len = Table(title="SLA met by prompt length (tokens)")
+    by_len.add_column("policy")
+    for label, n in buckets.items():
+        by_len.add_column(f"{label}\n{n:,} req", justify="right")
+    for row in rows:
+        o = cmp.results[row["policy"]].overall["sla_by_prompt"]
+        by_len.add_row(row["policy"], *(_pct(o.get(label, {}).get("sla_attainment"))
+                                        for label in buckets))
+    pred = Table(title="predictor error: actual / predicted execution time (> 1: optimistic)")
+    for col in ("policy", "completions", "p50", "p95", "p99", "under-predicted"):
+        pred.add_column(col, justify="left" if col == "policy" else "right")
+    for row in rows:
+        e = cmp.results[row["policy"]].overall["predictor_error"]
+        pred.add_row(row["policy"], f"{e['count']:,}", _num(e["p50"]), _num(e["p95"]),
+                     _num(e["p99"]), _pct(e["under_predicted"]))
+    return [head, per, by_len, pred]
 
 
 def _run(sc: Scenario, policies: list[str], jobs: int, quiet: bool) -> Comparison:
@@ -162,6 +222,7 @@ def _run(sc: Scenario, policies: list[str], jobs: int, quiet: bool) -> Compariso
 
 
 def sim(
+    ctx: typer.Context,
     scenario: str | None = typer.Argument(
         None, help="Shipped scenario name (see --list) or a scenario YAML file."
     ),
@@ -246,7 +307,7 @@ def sim(
         raise typer.Exit(2) from None
     _invalid_note(cmp)
     if report is not None:
-        written = write_report(cmp, report)
+        written = write_report(cmp, report, command=_command(ctx))
         err.print(f"report: {written['report.md']}")
     if json_out:
         sys.stdout.write(json.dumps(cmp.to_dict(), indent=1, default=str) + "\n")
@@ -254,7 +315,27 @@ def sim(
         out = Console()
         if not out.is_terminal:
             out = Console(width=160)
-        out.print(_table(cmp))
+        for table in _tables(cmp):
+            out.print(table)
+
+
+def _command(ctx: typer.Context) -> str:
+    """This invocation as a command line that reproduces it: every option that differs
+    from its default, paths made absolute (for the report's last section)."""
+    words = ["triage", ctx.info_name or "sim"]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        if value is None or value is False or value == param.default:
+            continue
+        positional = param.param_type_name == "argument"
+        if isinstance(value, Path) or (positional and Path(str(value)).is_file()):
+            value = Path(value).resolve()
+        if positional:
+            words.append(str(value))
+        else:
+            name = max(param.opts, key=len)
+            words += [name] if getattr(param, "is_flag", False) else [name, str(value)]
+    return shlex.join(words)
 
 
 def register(app: typer.Typer) -> None:

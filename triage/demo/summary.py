@@ -61,10 +61,20 @@ def summarize(
             "met_sla": sum(1 for x in lat if x <= sla_s.get(name, float("inf"))),
             "sla_violations": violations.get(name, {}),
         }
+        # one definition with the simulator (triage/sim/metrics.py): over every request
+        # sent, a refusal or timeout is a miss; the completed-only figure beside it
+        row["sla_attainment"] = row["met_sla"] / row["sent"] if row["sent"] else None
+        row["sla_attainment_completed"] = (
+            row["met_sla"] / row["completed"] if row["completed"] else None
+        )
         tenants[name] = row
     total_sent = sum(r["sent"] for r in tenants.values())
     total_end = sum(r[k] for r in tenants.values() for k in TERMINAL)
+    met = sum(r["met_sla"] for r in tenants.values())
+    done = sum(r["completed"] for r in tenants.values())
     return {"tenants": tenants, "sent": total_sent, "ended": total_end,
+            "sla_attainment": met / total_sent if total_sent else None,
+            "sla_attainment_completed": met / done if done else None,
             "reconciles": total_sent == total_end
             and all(r["duplicate_terminal_replies"] == 0 for r in tenants.values())}
 
@@ -72,7 +82,8 @@ def summarize(
 def table(summary: dict[str, Any]) -> Table:
     t = Table(title="triage demo: per tenant (latency in seconds, as the tenant saw it)")
     cols = ["tenant", "sent", "accepted", "queued", "rejected", "timed out", "completed",
-            "p50", "p95", "p99", "SLA met", "SLA violations by cause"]
+            "p50", "p95", "p99", "SLA met / sent", "SLA met (completed only)",
+            "SLA violations by cause"]
     for c in cols:
         left = c in ("tenant", "SLA violations by cause")
         t.add_column(c, justify="left" if left else "right", overflow="fold")
@@ -80,10 +91,15 @@ def table(summary: dict[str, Any]) -> Table:
     def s(x: float | None) -> str:
         return "-" if x is None else f"{x:.2f}"
 
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{100 * x:.1f}%"
+
     for name, r in summary["tenants"].items():
         causes = ", ".join(f"{k} {v}" for k, v in sorted(r["sla_violations"].items())) or "none"
-        met = f"{r['met_sla']}/{r['completed']}" if r["completed"] else "-"
+        met = f"{r['met_sla']}/{r['sent']} ({pct(r['sla_attainment'])})" if r["sent"] else "-"
+        done = (f"{r['met_sla']}/{r['completed']} ({pct(r['sla_attainment_completed'])})"
+                if r["completed"] else "-")
         t.add_row(name, str(r["sent"]), str(r["accepted"]), str(r["queued"]), str(r["rejected"]),
                   str(r["timed_out"]), str(r["completed"]), s(r["p50_s"]), s(r["p95_s"]),
-                  s(r["p99_s"]), met, causes)
+                  s(r["p99_s"]), met, done, causes)
     return t

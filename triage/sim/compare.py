@@ -35,9 +35,19 @@ PolicyLike = str | PolicyConfig
 CompareProgress = Callable[[str, float], None]
 
 HEADLINE = (
-    "sla_attainment", "goodput_tokens_per_gpu_s", "acceptance", "timeout_rate",
-    "preemption_rate", "gpu_utilization", "fairness_jain", "fairness_max_gap",
+    "sla_attainment", "sla_attainment_weighted", "sla_attainment_completed",
+    "goodput_tokens_per_gpu_s", "acceptance", "timeout_rate", "preemption_rate",
+    "gpu_utilization", "fairness_jain_backlogged", "fairness_jain", "fairness_max_gap",
 )
+
+
+def offered_load(r: SimResult) -> float | None:
+    """Offered tokens/s over the pool's measured capacity, where the run carries it
+    (`SimResult.offered_load`, or `overall["offered_load"]`); None where unknown."""
+    v = getattr(r, "offered_load", None)
+    if v is None:
+        v = r.overall.get("offered_load")
+    return float(v) if v is not None else None
 
 
 def resolve(scenario: Scenario, policy: PolicyLike) -> tuple[str, PolicyConfig]:
@@ -101,6 +111,11 @@ class Comparison:
                 "policy": p, **{k: o.get(k) for k in HEADLINE},
                 "latency_p50_s": o["latency_s"]["p50"], "latency_p99_s": o["latency_s"]["p99"],
                 "queue_wait_p99_s": o["queue_wait_s"]["p99"],
+                "predictor_error_p50": o["predictor_error"]["p50"],
+                "predictor_error_p95": o["predictor_error"]["p95"],
+                "predictor_error_p99": o["predictor_error"]["p99"],
+                "offered_load": offered_load(r),
+                "tenant_sla_attainment": {t: m["sla_attainment"] for t, m in r.tenants.items()},
                 "recompute_tokens": o["recompute_tokens_core"] + o["recompute_tokens_engine"],
                 "requests": o["requests"], "wall_s": r.wall_s,
             })

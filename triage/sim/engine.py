@@ -288,7 +288,7 @@ class Simulator:
         if rid in self._live:
             raise SimError(f"request id {rid!r} arrived twice while live (dedupe a replay first)")
         stats = self.tenants[a.tenant]
-        stats.arrive(now, a.prompt_tokens + a.output_tokens)
+        stats.arrive(now, a.prompt_tokens, a.output_tokens)
         sla = a.sla_s if a.sla_s is not None else self._sla[a.tenant]
         pool = self.core.pool_of_model[a.model]
         lv = _Live(rid, a, pool, sla, stats)
@@ -324,10 +324,10 @@ class Simulator:
             elif o is COMPLETE:
                 self._completed(lv, d, now)
             elif o is REJECT:
-                lv.stats.reject(str(d.reason))
+                lv.stats.reject(str(d.reason), now, d.retry_after_s)
                 self._end(lv)
             elif o is TIMEOUT:
-                lv.stats.timeout()
+                lv.stats.timeout(str(d.reason), now, d.retry_after_s)
                 self._end(lv)
             elif o is PREEMPT:
                 self._preempted(lv, d, now)
@@ -398,6 +398,7 @@ class Simulator:
                     fs.first_token_at if fs.first_token_at is not None else fs.finished_at
                 ),
                 finished=fs.finished_at,
+                prompt=lv.prompt, predicted_s=d.predicted_s, run_s=fs.prefill_s + fs.decode_s,
             )
         g = lv.gpu
         if g is not None and lv.key in g.engine:  # a newer attempt is cancelled

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from triage.sim.fairshare import fairness_detail
 from triage.sim.histogram import LogHistogram
-from triage.sim.metrics import combine, fairness
+from triage.sim.metrics import combine, weighted_sla
 from triage.sim.series import TimeSeries
 
 if TYPE_CHECKING:
@@ -42,6 +43,8 @@ class SimResult:
     # requests the live app would refuse as invalid before admission ({tenant: {reason:
     # n}}, e.g. context_overflow): not simulated, not in `arrivals`
     invalid: dict[str, dict[str, int]] = field(default_factory=dict)
+    predictor_error: dict[str, LogHistogram] = field(default_factory=dict)  # actual / predicted
+    retry_hint: dict[str, LogHistogram] = field(default_factory=dict)  # refusals' retry_after_s
 
     @property
     def requests_per_wall_s(self) -> float:
@@ -71,7 +74,7 @@ def build_result(sim: Simulator, *, wall_s: float) -> SimResult:
     conserved = all(s.requests == s.terminal for s in stats) and sim.live_requests == 0
     tenants = {s.name: s.summary(gpu_s) for s in stats}
     overall = total.summary(gpu_s)
-    jain, gap, ratios = fairness(
+    fair = fairness_detail(
         sim.series, {s.name: s.weight for s in stats},
         {t.name: t.rate_tokens_per_s for t in sim.config.tenants},
     )
@@ -98,9 +101,13 @@ def build_result(sim: Simulator, *, wall_s: float) -> SimResult:
         }
     overall.update({
         "gpu_utilization": busy_total / gpu_s if gpu_s > 0 else 0.0,
-        "fairness_jain": jain,
-        "fairness_max_gap": gap,
-        "fair_share_ratio": ratios,
+        "sla_attainment_weighted": weighted_sla(stats),
+        "fairness_jain": fair.jain,
+        "fairness_jain_backlogged": fair.jain_backlogged,
+        "fairness_max_gap": fair.gap,
+        "fair_share_ratio": fair.ratios,
+        "fair_share_ratio_backlogged": fair.ratios_backlogged,
+        "backlogged_tenants": fair.backlogged,
     })
     return SimResult(
         scenario=sim.scenario, policy=sim.policy_name, seed=sim.options.seed, gpus=ngpus,
@@ -108,4 +115,6 @@ def build_result(sim: Simulator, *, wall_s: float) -> SimResult:
         conserved=conserved, overall=overall, tenants=tenants, pools=pools, series=sim.series,
         latency={**{s.name: s.latency for s in stats}, "all": total.latency},
         wait={**{s.name: s.wait for s in stats}, "all": total.wait},
+        predictor_error={**{s.name: s.pred_error for s in stats}, "all": total.pred_error},
+        retry_hint={**{s.name: s.retry_hint for s in stats}, "all": total.retry_hint},
     )
