@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from triage.cli.common import ExitCode, fail
 from triage.config import load_config
 from triage.config.errors import ConfigError
 from triage.sim.compare import Comparison, compare
@@ -157,8 +158,7 @@ def sim(
         names = parse_policies(policies) if policies else list(sc.policies)
         cmp = _run(sc, names, jobs, quiet=False)
     except (SimError, ConfigError, OSError) as exc:
-        err.print(f"[red]triage sim:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(str(exc), ExitCode.USAGE, json_out=json_out) from None
     if report is not None:
         written = write_report(cmp, report)
         err.print(f"report: {written['report.md']}")
