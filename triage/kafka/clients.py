@@ -47,6 +47,9 @@ _VARYING = re.compile(
 )
 
 
+_THREAD = re.compile(r"^\[thrd:[^\]]*\]:\s*")
+
+
 class LibrdkafkaLog:
     """The ``logger`` of every client: librdkafka's lines go to Python logging at WARNING
     (its DEBUG/INFO/NOTICE lines are dropped), and a cause already logged within
@@ -82,7 +85,8 @@ class LibrdkafkaLog:
                 for old in sorted(self._seen, key=lambda k: self._seen[k][0])[:512]:
                     del self._seen[old]
         more = f" (repeated {repeats} times in {self._window_s:.0f} s)" if repeats > 0 else ""
-        self._logger.warning("librdkafka %s [%s]: %s%s", facility, client, message, more)
+        shown = _THREAD.sub("", str(message))
+        self._logger.warning("librdkafka %s [%s]: %s%s", facility, client, shown, more)
 
 
 KAFKA_LOG = LibrdkafkaLog(logging.getLogger(LIBRDKAFKA_LOGGER))
