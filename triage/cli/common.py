@@ -162,10 +162,11 @@ def _report(exc: Exception, *, json_out: bool) -> int:
         ctx = getattr(exc, "ctx", None)
         where = ctx.command_path if ctx is not None else "triage"
         hint = f" (see `{where} --help`)" if "UsageError" in _kinds(exc) else ""
-        code = int(getattr(exc, "exit_code", ExitCode.USAGE))
-        fail(f"{exc.format_message()}{hint}", ExitCode(code) if code in iter(ExitCode)
-             else ExitCode.USAGE, json_out=json_out, prefix=f"{where}: error")
-        return code
+        raw = int(getattr(exc, "exit_code", ExitCode.USAGE))
+        code = ExitCode(raw) if raw in {c.value for c in ExitCode} else ExitCode.USAGE
+        message = exc.format_message()  # type: ignore[attr-defined]
+        fail(f"{message}{hint}", code, json_out=json_out, prefix=f"{where}: error")
+        return int(code)
     if logging.getLogger().isEnabledFor(logging.DEBUG):
         traceback.print_exc()
     fail(f"unexpected {type(exc).__name__}: {exc} (a bug; rerun with -v for the traceback)",

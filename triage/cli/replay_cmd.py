@@ -88,7 +88,7 @@ def replay_command(
     file_alias: str | None = typer.Option(None, "--file", hidden=True),  # its old name
     since: str | None = typer.Option(
         None, "--since",
-        help="Requests that arrived from: epoch ms, an age (15m, 2h, 3d) or an ISO time "
+        help="Requests that arrived from: epoch ms, an age (15m, 2h, 1h30m) or an ISO time "
         "(naive: UTC). Default: the oldest recorded.",
     ),
     until: str | None = typer.Option(
