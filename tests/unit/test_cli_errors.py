@@ -304,8 +304,9 @@ def test_entry_point_turns_click_errors_into_one_line() -> None:
 
 def test_librdkafka_lines_are_logged_once_per_cause(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, logger=LIBRDKAFKA_LOGGER)
-    consumer = make_consumer(NOWHERE, "t-cli-errors", **{"reconnect.backoff.ms": 10,
-                                                          "reconnect.backoff.max.ms": 50})
+    fresh = LibrdkafkaLog(logging.getLogger(LIBRDKAFKA_LOGGER))  # not the process-wide one
+    consumer = make_consumer(NOWHERE, "t-cli-errors", **{
+        "reconnect.backoff.ms": 10, "reconnect.backoff.max.ms": 50, "logger": fresh})
     try:
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
@@ -327,11 +328,13 @@ def test_dedupe_key_ignores_timings_and_counts_repeats() -> None:
     log = LibrdkafkaLog(Sink("sink"), window_s=0.2)
     for ms in (0, 3, 12):
         log.log(40, "%s [%s] %s", "FAIL", "c-1", f"[thrd:x]: x: Connect failed: refused "
-                f"(after {ms}ms in state CONNECT)")  # fmt: skip
+                f"(after {ms}ms in state CONNECT, {ms} identical error(s) suppressed)")
+    log.log(40, "%s [%s] %s", "FAIL", "c-3", "[thrd:y]: x: Connect failed: refused (after "
+            "0ms in state CONNECT)")  # fmt: skip
     log.log(40, "%s [%s] %s", "FAIL", "c-2", "x: Connect failed: unknown host")
     log.log(6, "%s [%s] %s", "CONF", "c-1", "informational")
     assert len(records) == 2
     time.sleep(0.25)
     log.log(40, "%s [%s] %s", "FAIL", "c-1", "x: Connect failed: refused (after 1ms in "
             "state CONNECT)")  # fmt: skip
-    assert len(records) == 3 and "repeated 2 times" in records[-1]
+    assert len(records) == 3 and "repeated 3 times" in records[-1]

@@ -42,8 +42,10 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 LIBRDKAFKA_LOGGER = "triage.kafka.librdkafka"
 # What varies between repeats of one cause: the thread tag, timings, suppression counts.
 _VARYING = re.compile(
-    r"\[thrd:[^\]]*\]:\s*|\s*\(after \d+ms in state \w+[^)]*\)|,?\s*\d+ identical error\(s\) "
-    r"suppressed|\d+(\.\d+)?ms"
+    r"\[thrd:[^\]]*\]:\s*"
+    r"|\s*\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)"
+    r"|,?\s*\d+ identical error\(s\) suppressed"
+    r"|\d+(?:\.\d+)?ms"
 )
 
 
