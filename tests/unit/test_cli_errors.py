@@ -284,6 +284,22 @@ def test_unreachable_broker_is_one_line_and_exit_3_without_librdkafka_spam(
     assert "%3|" not in res.stderr and "FAIL" not in res.stderr
 
 
+@pytest.mark.parametrize("args", [
+    ["admission"], ["topics", "create"], ["replay", "--since", "1h"], ["demo"],
+    ["bench", "pipeline", "--json"],
+], ids=lambda a: " ".join(a))  # fmt: skip
+def test_every_kafka_command_refuses_an_unreachable_broker_with_exit_3(
+    args: list[str], tmp_path: Path
+) -> None:
+    extra = ["--out", str(tmp_path / "demo")] if args == ["demo"] else []
+    res = runner.invoke(app, [*args, *extra, "-b", NOWHERE])
+    err = _check(res, ExitCode.UNAVAILABLE, f"no Kafka broker answers on {NOWHERE}")
+    assert len(err.strip().splitlines()) == 1, err
+    if "--json" in args:
+        assert json.loads(res.stdout)["code"] == ExitCode.UNAVAILABLE
+    assert not (tmp_path / "demo").exists(), "nothing written for a run that cannot start"
+
+
 def test_piped_errors_are_not_wrapped_and_keep_brackets(configs: dict[str, Path]) -> None:
     res = _triage("config", "check", str(configs["bad_name"]))
     assert res.returncode == ExitCode.USAGE

@@ -179,7 +179,9 @@ def _scan_lines(
             rec = _match(line, request_id, needle)
         except ValidationError as exc:
             result.unparseable += 1
-            log.warning("%s:%d: not a DecisionRecord: %s", name, lineno, exc)
+            e = exc.errors()[0]  # one line: the first bad field (pydantic's text spans many)
+            where = ".".join(map(str, e["loc"])) or "line"
+            log.warning("%s:%d: not a DecisionRecord: %s: %s", name, lineno, where, e["msg"])
             continue
         if rec is not None and (since_ms is None or rec.at_ms >= since_ms):
             result.records.append(rec)

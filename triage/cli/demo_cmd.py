@@ -62,6 +62,8 @@ def demo(
         sc = load_scenario(scenario)
     except (SimError, ConfigError, OSError) as exc:
         raise fail(str(exc), ExitCode.USAGE) from None
+    if bootstrap:
+        require_broker(bootstrap)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = out / stamp
     try:
@@ -71,8 +73,6 @@ def demo(
                    ExitCode.USAGE) from None  # fmt: skip
     broker = LocalBroker(port=port)
     server = bootstrap or broker.bootstrap
-    if bootstrap:
-        require_broker(bootstrap)
     started_broker = False
     children: list[ChildProcess] = []
     tracker: ReplyTracker | None = None
