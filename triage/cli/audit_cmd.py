@@ -56,7 +56,8 @@ def audit(
         help="Read a decisions export (JSON lines; - for stdin), not Kafka.",
     ),
     since: str | None = typer.Option(
-        None, "--since", help="Only decisions since: epoch ms, an age (15m, 2h, 1h30m), or an ISO time."
+        None, "--since",
+        help="Only decisions since: epoch ms, an age (15m, 2h, 1h30m), or an ISO time.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
     timeout_s: float = typer.Option(

@@ -99,7 +99,10 @@ def worker(
     options = WorkerOptions(bootstrap=bootstrap, metrics_port=metrics_port,
                             device_index=device_index, send_replies=replies,
                             drain_s=drain_s)  # fmt: skip
-    asyncio.run(run_worker(cfg, gpu, engine, options=options, handle_signals=True))
+    try:
+        asyncio.run(run_worker(cfg, gpu, engine, options=options, handle_signals=True))
+    except OSError as exc:  # the metrics port taken, most often
+        raise fail(f"worker {gpu} stopped: {exc}", ExitCode.FAILED) from None
 
 
 def _backend(
