@@ -158,7 +158,7 @@ def test_missing_input_files_are_exit_3(tmp_path: Path) -> None:
 def test_an_unwritable_demo_out_dir_is_exit_2(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    res = runner.invoke(app, ["demo", "--out", str(blocker / "sub"), "-b", NOWHERE])
+    res = runner.invoke(app, ["demo", "--out", str(blocker / "sub")])  # before any broker
     _check(res, ExitCode.USAGE, "--out")
 
 
