@@ -22,7 +22,7 @@ help: ## List the targets.
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q --upgrade pip "setuptools>=77"  # PEP 639 license fields (pyproject.toml)
 	$(BIN)/python -m pip install -q -e ".[dev]"
 	@touch $(STAMP)
 

@@ -228,8 +228,13 @@ def test_parse_since() -> None:
     assert parse_since("1699999999000", now_ms=now) == 1_699_999_999_000
     assert parse_since("2023-11-14T22:13:20+00:00", now_ms=now) == now
     assert parse_since("2023-11-14T22:13:20", now_ms=now) == now  # naive = UTC
-    with pytest.raises(ValueError, match="--since"):
-        parse_since("yesterday-ish", now_ms=now)
+    assert parse_since("2023-11-14T22:13:20Z", now_ms=now) == now
+    assert parse_since("1h30m", now_ms=now) == now - 5_400_000
+    assert parse_since("1d 12h", now_ms=now) == now - 36 * 3_600_000
+    assert parse_since("250ms", now_ms=now) == now - 250
+    for bad in ("yesterday-ish", "1h30", "h", "2 hours ago"):
+        with pytest.raises(ValueError, match="--since"):
+            parse_since(bad, now_ms=now)
 
 
 def _export(tmp_path: Path) -> Path:

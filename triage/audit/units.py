@@ -1,6 +1,11 @@
 """Human units for explanations: thousands separators, binary bytes, seconds.
 
 Binary units (GiB) because KV budgets and GPU memory are configured in GiB.
+
+Kept by hand rather than taken from `humanize`: its binary sizes read the same
+(``1.5 GiB``) but its durations are words (``a moment``, ``2 minutes``) where an
+explanation needs ``350 ms`` / ``1.2 s``, so it would replace half of 40 lines
+with a dependency.
 """
 
 from __future__ import annotations

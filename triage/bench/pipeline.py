@@ -118,26 +118,30 @@ def _wait(clock: DecisionClock, ids: dict[str, int], timeout_s: float) -> None:
 
 def run(*, latency_rate: float = 1000.0, latency_requests: int = 15_000,
         burst_requests: int = 30_000, gpus: int = 2, port: int = 9092,
+        bootstrap: str | None = None,
         out_dir: Path = Path("reports/bench-pipeline")) -> dict[str, Any]:
+    """On `bootstrap` when given (a broker that must already run), else on the local
+    broker on `port`, started if none answers (and stopped after)."""
     broker = LocalBroker(port=port)
+    server = bootstrap or broker.bootstrap
     started = False
-    if not broker_reachable(broker.bootstrap, timeout_s=3.0):
+    if bootstrap is None and not broker_reachable(server, timeout_s=3.0):
         started = broker.start().started
     stamp = time.strftime("%Y%m%d%H%M%S")
     prefix = f"bench{stamp}"
     run_dir = out_dir / stamp
     run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = bench_config(broker.bootstrap, prefix, run_dir, gpus=gpus)
+    cfg = bench_config(server, prefix, run_dir, gpus=gpus)
     cfg_path = run_dir / "triage.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     names = TopicNames(prefix)
-    create_topics(broker.bootstrap, names, cfg)
+    create_topics(server, names, cfg)
     procs = [ChildProcess("admission", ["admission", "--config", str(cfg_path), "--loglevel",
                                         "warn"], run_dir / "admission.log")]
     procs += [ChildProcess(f"worker-{g}", ["worker", "--gpu", g, "--backend", "sim",
                                            "--config", str(cfg_path)],
                            run_dir / f"worker-{g}.log") for g in cfg.all_gpus()]
-    clock = DecisionClock(broker.bootstrap, names.decisions)
+    clock = DecisionClock(server, names.decisions)
     try:
         for p in procs:
             p.start()
@@ -148,12 +152,12 @@ def run(*, latency_rate: float = 1000.0, latency_requests: int = 15_000,
         clock.start()
         time.sleep(2.0)  # the workers' first heartbeats
         lat_ids: dict[str, int] = {}
-        offered = _offer(broker.bootstrap, names, "lat", latency_requests, latency_rate,
+        offered = _offer(server, names, "lat", latency_requests, latency_rate,
                          lat_ids)
         _wait(clock, lat_ids, 120)
         lat = sorted(clock.first[r] - t for r, t in lat_ids.items() if r in clock.first)
         burst_ids: dict[str, int] = {}
-        burst_offered = _offer(broker.bootstrap, names, "burst", burst_requests, None,
+        burst_offered = _offer(server, names, "burst", burst_requests, None,
                                burst_ids)
         _wait(clock, burst_ids, 300)
         stamps = sorted(clock.first[r] for r in burst_ids if r in clock.first)
@@ -177,7 +181,7 @@ def run(*, latency_rate: float = 1000.0, latency_requests: int = 15_000,
         for p in reversed(procs):
             p.stop()
         try:
-            delete_topics(broker.bootstrap, prefix)
+            delete_topics(server, prefix)
         except Exception as exc:  # cleanup is best effort
             log.warning("could not delete bench topics: %s", exc)
         if started:

@@ -3,41 +3,80 @@
 from __future__ import annotations
 
 import logging
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
-from triage.config import ConfigError, load_config
+from triage.cli.common import (
+    ExitCode,
+    bootstrap_option,
+    config_option,
+    fail,
+    load_or_exit,
+    require_broker,
+)
+from triage.config.checks import runnable_problem
+
+
+class LogLevel(StrEnum):
+    CRIT = "crit"
+    ERROR = "error"
+    WARN = "warn"
+    INFO = "info"
+    DEBUG = "debug"
 
 
 def register(app: typer.Typer) -> None:
     app.command("admission")(admission)
 
 
+def prepare_datadir(datadir: str) -> Path:
+    """Create the RocksDB directory and its missing parents (a fresh clone has no var/);
+    an unusable path is one line and exit 2."""
+    path = Path(datadir).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"admission.datadir {str(path)!r}: cannot create it: "
+                   f"{exc.strerror or exc}", ExitCode.USAGE) from None  # fmt: skip
+    if not path.is_dir():
+        raise fail(f"admission.datadir {str(path)!r} is not a directory", ExitCode.USAGE)
+    return path
+
+
 def admission(
-    config: Path = typer.Option(None, "--config", "-c", help="triage.yaml (default: the "
-                                "shipped example)."),
-    datadir: str = typer.Option(None, help="RocksDB directory of this process (default from "
-                                "config: admission.datadir). One per process."),
-    metrics_port: int = typer.Option(None, help="Prometheus port (default from config; 0 "
-                                     "disables)."),
-    loglevel: str = typer.Option("info", help="crit, error, warn, info or debug."),
+    config: Path | None = config_option("triage.yaml (default: the shipped example)."),
+    bootstrap: str | None = bootstrap_option(),
+    datadir: str | None = typer.Option(
+        None, help="RocksDB directory of this process (default from config: admission.datadir; "
+        "created with its parents). One per process."
+    ),
+    metrics_port: int | None = typer.Option(
+        None, min=0, max=65535, help="Prometheus port (default from config; 0 disables)."
+    ),
+    loglevel: LogLevel = typer.Option(LogLevel.INFO, help="Log level of the app."),
 ) -> None:
     """Run the admission app (the Faust stream processor).
 
     Reads every tenant's request topic, completions and GPU heartbeats; decides,
     replies, dispatches and records every decision. Stop with SIGTERM or Ctrl-C; state
     is recovered from the changelogs on the next start."""
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        typer.echo(str(exc), err=True)
-        raise typer.Exit(2) from None
+    cfg = load_or_exit(config, bootstrap=bootstrap)
+    problem = runnable_problem(cfg)
+    if problem is not None:
+        raise fail(problem, ExitCode.USAGE)
+    data = prepare_datadir(datadir or cfg.admission.datadir)
+    require_broker(cfg.kafka.bootstrap_servers)
     import faust  # heavy import, only for this command
 
     from triage.streams.app import build_app
 
     logging.getLogger("faust").setLevel(logging.WARNING)
-    built = build_app(cfg, config_path=config, datadir=datadir, metrics_port=metrics_port)
-    worker = faust.Worker(built.app, loglevel=loglevel, quiet=True)
+    # The app re-reads the file for added tenants only; a -b override stays in force.
+    try:
+        built = build_app(cfg, config_path=config, datadir=str(data), metrics_port=metrics_port)
+    except OSError as exc:  # the metrics port taken, an unwritable datadir
+        raise fail(f"cannot start the admission app: {exc}", ExitCode.FAILED) from None
+    worker = faust.Worker(built.app, loglevel=loglevel.value, quiet=True)
     worker.execute_from_commandline()

@@ -1,7 +1,8 @@
 """`triage audit REQUEST_ID`: why a request went the way it did, from the decisions log.
 
-Exit status: 0 when decisions were found and explained, 1 when the id has none,
-2 for bad input, 3 when the decisions topic or file cannot be read.
+Exit status (the CLI's scheme, triage/cli/common.py): 0 when decisions were found and
+explained, 1 when the id has none, 2 for bad input, 3 when the broker, the decisions
+topic or the file cannot be read.
 """
 
 from __future__ import annotations
@@ -25,13 +26,21 @@ from triage.audit import (
     read_decisions_file,
 )
 from triage.audit.units import millis
-from triage.config import ConfigError, load_config
+from triage.cli.common import (
+    ExitCode,
+    bootstrap_option,
+    config_option,
+    fail,
+    load_or_exit,
+    print_error,
+    require_broker,
+)
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode
 
-EXIT_NOT_FOUND = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
+EXIT_NOT_FOUND = ExitCode.FAILED
+EXIT_BAD_INPUT = ExitCode.USAGE
+EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
 
 
 def register(app: typer.Typer) -> None:
@@ -41,60 +50,53 @@ def register(app: typer.Typer) -> None:
 
 def audit(
     request_id: str = typer.Argument(..., help="The request id to explain."),
-    config_file: Path | None = typer.Option(
-        None, "--config", help="triage.yaml (default: the shipped example)."
-    ),
+    config_file: Path | None = config_option("triage.yaml (default: the shipped example)."),
     from_file: str | None = typer.Option(
-        None, "--from-file", help="Read a decisions export (JSON lines; - for stdin), not Kafka."
+        None, "--from-file", "-f",
+        help="Read a decisions export (JSON lines; - for stdin), not Kafka.",
     ),
     since: str | None = typer.Option(
-        None, "--since", help="Only decisions since: epoch ms, an age (15m, 2h, 3d), or ISO time."
+        None, "--since",
+        help="Only decisions since: epoch ms, an age (15m, 2h, 1h30m), or an ISO time.",
     ),
     json_out: bool = typer.Option(False, "--json", help="Print the explanation as JSON."),
     timeout_s: float = typer.Option(
         30.0, "--timeout", min=0.1, help="Seconds the topic scan may take."
     ),
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Override kafka.bootstrap_servers."
-    ),
+    bootstrap: str | None = bootstrap_option(),
     topic_prefix: str | None = typer.Option(
         None, "--topic-prefix", help="Override kafka.topic_prefix."
     ),
 ) -> None:
     """Explain a request's decisions: outcome, reason and the numbers behind it."""
-    err = Console(stderr=True)
     try:
         since_ms = parse_since(since, now_ms=int(time.time() * 1000)) if since else None
     except AuditError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise fail(str(exc), EXIT_BAD_INPUT, json_out=json_out) from None
     try:
         if from_file is not None:
             source = from_file
             scan = read_decisions_file(from_file, request_id=request_id, since_ms=since_ms)
         else:
-            config = load_config(config_file)
+            config = load_or_exit(config_file, bootstrap=bootstrap, json_out=json_out)
             topic = TopicNames(topic_prefix or config.kafka.topic_prefix).decisions
             source = topic
+            require_broker(config.kafka.bootstrap_servers, json_out=json_out)
             scan = read_decisions(
-                bootstrap=bootstrap or config.kafka.bootstrap_servers,
+                bootstrap=config.kafka.bootstrap_servers,
                 topic=topic,
                 request_id=request_id,
                 since_ms=since_ms,
                 timeout_s=timeout_s,
             )
-    except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
     except DecisionSourceError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+        raise fail(str(exc), EXIT_UNAVAILABLE, json_out=json_out) from None
     if not scan.complete:
-        err.print(f"[yellow]warning:[/] the scan stopped at its {timeout_s:g} s timeout; "
-                  "results may be partial (use --since or a longer --timeout)")  # fmt: skip
+        print_error(f"the scan stopped at its {timeout_s:g} s timeout; results may be partial "
+                    "(use --since or a longer --timeout)", prefix="warning")  # fmt: skip
     if not scan.records:
-        err.print(_not_found(request_id, source, scan, since))
-        raise typer.Exit(EXIT_NOT_FOUND)
+        message = _not_found(request_id, source, scan, since)
+        raise fail(message, EXIT_NOT_FOUND, json_out=json_out)
     explanation = explain(scan.records)
     if json_out:
         typer.echo(explanation.to_json(indent=2))
@@ -106,7 +108,7 @@ def _not_found(request_id: str, source: str, scan: ScanResult, since: str | None
     where = f"{scan.partitions} partition(s) of {source}" if scan.partitions else source
     window = f" since {since}" if since else ""
     lines = [
-        f"[red]no decisions recorded for request {request_id}[/] "
+        f"no decisions recorded for request {request_id} "
         f"(scanned {scan.scanned:,} record(s) in {where}{window})."
     ]
     if scan.unparseable:
@@ -115,7 +117,7 @@ def _not_found(request_id: str, source: str, scan: ScanResult, since: str | None
         f"Check the id and tenant; a retried request's later attempts are {request_id}.r1, "
         f"{request_id}.r2, ..."
     )
-    return "\n".join(lines)
+    return " ".join(lines)
 
 
 def _render(e: Explanation, out: Console) -> None:

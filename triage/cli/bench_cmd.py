@@ -6,14 +6,26 @@ import json
 
 import typer
 
-app = typer.Typer(help="bench commands", no_args_is_help=True)
+from triage.cli.common import ExitCode, bootstrap_option, fail, require_broker
+
+app = typer.Typer(
+    help=(
+        "Benchmarks: `core` times the admission core alone (no I/O), `sim` the simulator's "
+        "throughput and memory, `pipeline` the whole app on a broker (produce-to-decision "
+        "latency and sustained decisions/s). Each prints one line, or one JSON object with "
+        "--json. Figures in README.md were taken with these."
+    ),
+    no_args_is_help=True,
+)
 
 
 @app.command("sim")
 def sim(
-    requests: int = typer.Option(1_000_000, "--requests", "-n", help="Requests to stream."),
-    gpus: int = typer.Option(8, "--gpus", help="GPUs in the pool."),
-    tenants: int = typer.Option(4, "--tenants", help="Tenants sending."),
+    requests: int = typer.Option(
+        1_000_000, "--requests", "-n", min=1, help="Requests to stream."
+    ),
+    gpus: int = typer.Option(8, "--gpus", min=1, help="GPUs in the pool."),
+    tenants: int = typer.Option(4, "--tenants", min=1, help="Tenants sending."),
     policy: str = typer.Option("full", "--policy", help="Policy (a `triage sim` name)."),
     seed: int = typer.Option(1, "--seed"),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
@@ -21,11 +33,15 @@ def sim(
 ) -> None:
     """Simulator throughput: requests per wall second and peak memory on a streamed run."""
     from triage.bench.sim import run
+    from triage.sim.errors import SimError
 
-    out = run(
-        requests=requests, gpus=gpus, tenants=tenants, policy=policy, seed=seed,
-        profile=profile,
-    )
+    try:
+        out = run(
+            requests=requests, gpus=gpus, tenants=tenants, policy=policy, seed=seed,
+            profile=profile,
+        )
+    except SimError as exc:
+        raise fail(str(exc), ExitCode.USAGE, json_out=json_out) from None
     prof = out.pop("profile", None)
     if json_out:
         typer.echo(json.dumps(out))
@@ -72,14 +88,30 @@ def pipeline(
     latency_requests: int = typer.Option(15_000, min=100, help="Requests in the latency phase."),
     burst_requests: int = typer.Option(30_000, min=100, help="Requests offered flat out."),
     gpus: int = typer.Option(2, min=1, help="Simulated GPUs (one worker process each)."),
+    port: int = typer.Option(
+        9092, "--port", "-p", min=1, max=65534,
+        help="Port of the local broker (started if none answers, stopped after).",
+    ),
+    bootstrap: str | None = bootstrap_option(
+        "Run on this Kafka host:port instead (it must already answer; nothing is started)."
+    ),
 ) -> None:
     """The admission app on the local broker with simulated workers: p50/p99 from a
     request's produce to its decision record at a steady offered rate, then the decisions
     per second it sustains when requests are offered flat out."""
     from triage.bench.pipeline import run
+    from triage.kafka.local import LocalBrokerError
 
-    out = run(latency_rate=latency_rate, latency_requests=latency_requests,
-              burst_requests=burst_requests, gpus=gpus)
+    if bootstrap:
+        require_broker(bootstrap, json_out=json_out)
+    try:
+        out = run(latency_rate=latency_rate, latency_requests=latency_requests,
+                  burst_requests=burst_requests, gpus=gpus, port=port, bootstrap=bootstrap)
+    except LocalBrokerError as exc:
+        raise fail(f"cannot start Kafka: {str(exc).splitlines()[0]}", ExitCode.UNAVAILABLE,
+                   json_out=json_out) from None
+    except RuntimeError as exc:  # the app or a worker did not come up (its log says why)
+        raise fail(str(exc).splitlines()[0], ExitCode.FAILED, json_out=json_out) from None
     if json_out:
         typer.echo(json.dumps(out))
         return

@@ -19,14 +19,18 @@ import yaml
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from triage.cli.common import ExitCode, bootstrap_option, fail, require_broker, stderr_console
+from triage.config.errors import ConfigError
 from triage.config.models import TriageConfig
 from triage.demo.driver import LoadDriver, ReplyTracker
 from triage.demo.processes import ChildProcess, scrape, wait_for_metric
 from triage.demo.summary import summarize, table
 from triage.kafka.clients import broker_reachable
 from triage.kafka.local import LocalBroker, LocalBrokerError
+from triage.sim.errors import SimError
 from triage.sim.scenario import load_scenario
 from triage.topics.admin import create_topics
+from triage.topics.errors import TopicAdminError
 from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -44,30 +48,46 @@ def demo(
     out: Path = typer.Option(Path("demo-out"), help="Where the run's config, logs and summary go."),
     drain: float = typer.Option(120.0, help="Most seconds to wait for outstanding requests."),
     keep_broker: bool = typer.Option(False, help="Leave a broker the demo started running."),
-    port: int = typer.Option(9092, help="Kafka port of the local broker."),
+    port: int = typer.Option(
+        9092, "--port", "-p", min=1, max=65534,
+        help="Port of the local broker (started if none answers).",
+    ),
+    bootstrap: str | None = bootstrap_option(
+        "Use this Kafka host:port instead of a local broker (it must already answer)."
+    ),
 ) -> None:
     """Run the demo: broker, topics, admission app, two simulated GPUs, three tenants."""
     console = Console(width=max(Console().width, 150))
+    try:
+        sc = load_scenario(scenario)
+    except (SimError, ConfigError, OSError) as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
+    if bootstrap:
+        require_broker(bootstrap)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     run_dir = out / stamp
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise fail(f"--out {out}: cannot create {run_dir}: {exc.strerror or exc}",
+                   ExitCode.USAGE) from None  # fmt: skip
     broker = LocalBroker(port=port)
+    server = bootstrap or broker.bootstrap
     started_broker = False
     children: list[ChildProcess] = []
     tracker: ReplyTracker | None = None
     try:
-        if not broker_reachable(broker.bootstrap, timeout_s=3.0):
-            console.print(f"[bold]starting Kafka[/] on {broker.bootstrap} ...")
+        if not bootstrap and not broker_reachable(server, timeout_s=3.0):
+            console.print(f"[bold]starting Kafka[/] on {server} ...")
             result = broker.start()
             started_broker = result.started
             console.print(f"Kafka answered after {result.ready_s:.1f} s")
-        sc = load_scenario(scenario)
         cfg = _run_config(sc.config, prefix=f"demo{stamp.replace('-', '')}",
-                          bootstrap=broker.bootstrap, run_dir=run_dir)
+                          bootstrap=server, run_dir=run_dir)
         cfg_path = run_dir / "triage.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         names = TopicNames(cfg.kafka.topic_prefix)
-        created = create_topics(broker.bootstrap, names, cfg)
+        created = create_topics(server, names, cfg)
         console.print(f"created {len(created.created)} topics under [bold]{names.prefix}.*[/]")
 
         admission = ChildProcess("admission", ["admission", "--config", str(cfg_path),
@@ -93,9 +113,9 @@ def demo(
                     raise _failed(c)
         console.print(f"admission app ready; {len(gpus)} simulated GPUs reporting")
 
-        tracker = ReplyTracker(broker.bootstrap, names, [t.name for t in cfg.tenants])
+        tracker = ReplyTracker(server, names, [t.name for t in cfg.tenants])
         tracker.start()
-        driver = LoadDriver(broker.bootstrap, names, tracker)
+        driver = LoadDriver(server, names, tracker)
         arrivals = (a for a in sc.arrivals() if a.t < duration)
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(),
                       TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -130,8 +150,10 @@ def demo(
         if not summary["reconciles"]:
             raise typer.Exit(1)
     except LocalBrokerError as exc:
-        console.print(f"[red]cannot start Kafka:[/] {exc}")
-        raise typer.Exit(2) from None
+        raise fail(f"cannot start Kafka: {str(exc).splitlines()[0]}",
+                   ExitCode.UNAVAILABLE) from None  # fmt: skip
+    except TopicAdminError as exc:
+        raise fail(str(exc), ExitCode.UNAVAILABLE) from None
     finally:
         if tracker is not None:
             tracker.stop()
@@ -150,8 +172,9 @@ def _run_config(base: TriageConfig, *, prefix: str, bootstrap: str, run_dir: Pat
 
 
 def _failed(c: ChildProcess) -> typer.Exit:
-    Console(stderr=True).print(f"[red]{c.name} did not come up[/]; its log:\n{c.tail()}")
-    return typer.Exit(1)
+    stderr_console().print(f"{c.name} did not come up; its log:\n{c.tail()}", markup=False,
+                           highlight=False)  # fmt: skip
+    return fail(f"{c.name} did not come up (log above and in {c.log_path})", ExitCode.FAILED)
 
 
 def _epilogue(console: Console, summary: dict[str, Any], cfg: TriageConfig, cfg_path: Path,

@@ -21,6 +21,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
+from triage.cli.common import ExitCode, fail
 from triage.experiments import EXPERIMENTS
 from triage.experiments.base import ExperimentResult
 
@@ -86,14 +87,10 @@ def experiments(
     chosen = names or list(EXPERIMENTS)
     unknown = [n for n in chosen if n not in EXPERIMENTS]
     if unknown:
-        err.print(
-            f"[red]triage experiments:[/red] unknown {', '.join(unknown)}; "
-            f"known: {', '.join(EXPERIMENTS)}"
-        )
-        raise typer.Exit(2)
+        raise fail(f"unknown {', '.join(unknown)}; known: {', '.join(EXPERIMENTS)}",
+                   ExitCode.USAGE, json_out=json_out)  # fmt: skip
     if scale <= 0:
-        err.print("[red]triage experiments:[/red] --scale must be positive")
-        raise typer.Exit(2)
+        raise fail("--scale must be positive", ExitCode.USAGE, json_out=json_out)
     if not logging.getLogger().isEnabledFor(logging.DEBUG):  # one line per run is noise here
         logging.getLogger("triage.sim.compare").setLevel(logging.WARNING)
     results: list[ExperimentResult] = []

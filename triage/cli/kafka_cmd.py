@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
+from triage.cli.common import ExitCode, fail, print_error
 from triage.kafka.local import (
     DEFAULT_HEAP,
     DEFAULT_PORT,
@@ -29,21 +30,30 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console()
-err = Console(stderr=True)
 
-PORT = typer.Option(DEFAULT_PORT, "--port", "-p", help="Client port; the controller uses port+1.")
+PORT = typer.Option(
+    DEFAULT_PORT, "--port", "-p", min=1, max=65534,
+    help="Client port; the controller uses port+1.",
+)
 DATA_DIR = typer.Option(
-    None, "--data-dir", help="Data, logs and pid file [default: ~/.cache/triage/kafka-data/<port>]."
+    None, "--data-dir", help="Data, logs and pid file (default: ~/.cache/triage/kafka-data/PORT)."
 )
 
 
 def _broker(port: int, data_dir: Path | None, heap: str = DEFAULT_HEAP) -> LocalBroker:
-    return LocalBroker(port=port, data_dir=data_dir, heap_opts=heap)
+    try:
+        return LocalBroker(port=port, data_dir=data_dir, heap_opts=heap)
+    except LocalBrokerError as exc:
+        raise fail(str(exc), ExitCode.USAGE) from None
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    err.print(f"[red]error:[/red] {exc}")
-    return typer.Exit(1)
+def _fail(exc: Exception, broker: LocalBroker | None = None) -> typer.Exit:
+    """One line: a start failure's message carries log tails; point at the log instead."""
+    lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+    first = lines[0].rstrip(":") if lines else type(exc).__name__
+    if len(lines) > 1 and broker is not None and broker.log_path.exists():
+        first += f" (details in {broker.log_path})"
+    return fail(first, ExitCode.FAILED)
 
 
 @app.command()
@@ -56,7 +66,7 @@ def install(
     try:
         ran = broker.install(force=force)
     except LocalBrokerError as exc:
-        raise _fail(exc) from None
+        raise _fail(exc, broker) from None
     took = time.monotonic() - t0
     verb = "installed" if ran else "already installed"
     console.print(f"Kafka {KAFKA_VERSION} {verb} in {broker.lib_dir} ({took:.1f}s)")
@@ -78,10 +88,10 @@ def up(
     try:
         result = broker.start()
     except ForeignBrokerError as exc:
-        err.print(f"[yellow]warning:[/yellow] {exc}")
+        print_error(str(exc), prefix="warning")
         return
     except LocalBrokerError as exc:
-        raise _fail(exc) from None
+        raise _fail(exc, broker) from None
     st = result.status
     if not result.started:
         console.print(f"Kafka {KAFKA_VERSION} already running on {st.bootstrap} (pid {st.pid})")
@@ -102,16 +112,14 @@ def down(port: int = PORT, data_dir: Path | None = DATA_DIR) -> None:
     try:
         stopped = broker.stop()
     except LocalBrokerError as exc:
-        raise _fail(exc) from None
+        raise _fail(exc, broker) from None
     if stopped:
         console.print(f"Kafka on {broker.bootstrap} stopped ({time.monotonic() - t0:.1f}s)")
         return
     st = broker.status()
     if st.reachable:
-        err.print(
-            f"[yellow]warning:[/yellow] a broker triage did not start answers on "
-            f"{st.bootstrap}; left alone"
-        )
+        print_error(f"a broker triage did not start answers on {st.bootstrap}; left alone",
+                    prefix="warning")
     else:
         console.print(f"Kafka on {broker.bootstrap} is not running")
 

@@ -3,11 +3,11 @@
     triage replay --since 2h --policy admit_all
     triage replay --since 2025-06-01T09:00 --until 2025-06-01T10:00 -c candidate.yaml --json
     triage replay --since 1h --save last-hour.jsonl       # and later, offline:
-    triage replay --file last-hour.jsonl --policy full+variance_buffer=1.0
+    triage replay --from-file last-hour.jsonl --policy full+variance_buffer=1.0
 
-Exit status: 0 when the replay ran (whether or not decisions changed), 1 when nothing
-replayable was recorded in the range, 2 for bad input (config, policy, times), 3 when the
-topics or the file cannot be read.
+Exit status (the CLI's scheme, triage/cli/common.py): 0 when the replay ran (whether or
+not decisions changed), 1 when nothing replayable was recorded in the range, 2 for bad
+input (config, policy, times), 3 when the broker, the topics or the file cannot be read.
 """
 
 from __future__ import annotations
@@ -21,6 +21,16 @@ from rich.console import Console
 from rich.table import Table
 
 from triage.audit import AuditError, parse_since
+from triage.cli.common import (
+    ExitCode,
+    bootstrap_option,
+    config_option,
+    fail,
+    print_error,
+    require_broker,
+    stderr_console,
+    with_bootstrap,
+)
 from triage.config import ConfigError, load_config
 from triage.config.models import PolicyConfig, TriageConfig
 from triage.replay import (
@@ -38,18 +48,18 @@ from triage.sim.errors import PolicyNameError
 from triage.sim.policies import VARIANTS, policy_config
 from triage.topics.names import TopicNames
 
-EXIT_EMPTY = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
+EXIT_EMPTY = ExitCode.FAILED
+EXIT_BAD_INPUT = ExitCode.USAGE
+EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
 
-err = Console(stderr=True)
+err = stderr_console()
 
 
 HELP = (
     "Replay recorded requests under a candidate policy, in virtual time, and count the "
     "decisions that would change: per tenant, per reason, with examples.\n\n"
     "Reads the tenants' request topics and the decisions topic for a time range (or a "
-    "decisions export with --file), runs the requests through the simulator, which drives "
+    "decisions export with --from-file), runs the requests through the simulator, which drives "
     "the same admission core as the app, and compares each request's first decision "
     "(outcome and reason) and final outcome with the recorded ones. See docs/replay.md."
 )
@@ -61,10 +71,9 @@ def register(app: typer.Typer) -> None:
 
 
 def replay_command(
-    config_file: Path | None = typer.Option(
-        None, "--config", "-c",
-        help="Candidate config (YAML): the fleet, tenants and policy to replay under, and "
-        "the Kafka settings (default: the shipped example).",
+    config_file: Path | None = config_option(
+        "Candidate config (YAML): the fleet, tenants and policy to replay under, and "
+        "the Kafka settings (default: the shipped example)."
     ),
     policy: str | None = typer.Option(
         None, "--policy", "-p",
@@ -72,13 +81,14 @@ def replay_command(
         "or NAME+key=value overrides (full+variance_buffer=1.0).",
     ),
     from_file: str | None = typer.Option(
-        None, "--file", "--from-file", "-f",
+        None, "--from-file", "-f",
         help="Replay a decisions export (JSON lines of DecisionRecord; - for stdin) "
         "instead of the Kafka topics.",
     ),
+    file_alias: str | None = typer.Option(None, "--file", hidden=True),  # its old name
     since: str | None = typer.Option(
         None, "--since",
-        help="Requests that arrived from: epoch ms, an age (15m, 2h, 3d) or an ISO time "
+        help="Requests that arrived from: epoch ms, an age (15m, 2h, 1h30m) or an ISO time "
         "(naive: UTC). Default: the oldest recorded.",
     ),
     until: str | None = typer.Option(
@@ -96,11 +106,9 @@ def replay_command(
     save: Path | None = typer.Option(
         None, "--save",
         help="Also write the recorded requests read as a decisions export (arrival and "
-        "final decision of each, with its shape), for offline replay with --file.",
+        "final decision of each, with its shape), for offline replay with --from-file.",
     ),
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Override kafka.bootstrap_servers."
-    ),
+    bootstrap: str | None = bootstrap_option(),
     topic_prefix: str | None = typer.Option(
         None, "--topic-prefix", help="Override kafka.topic_prefix."
     ),
@@ -109,34 +117,36 @@ def replay_command(
     ),
 ) -> None:
     """Replay recorded requests under a candidate policy and print the diff (see HELP)."""
+    if from_file is not None and file_alias is not None:
+        raise fail("give --from-file once (--file is its old name)", EXIT_BAD_INPUT,
+                   json_out=json_out)  # fmt: skip
+    from_file = from_file if from_file is not None else file_alias
     try:
         now_ms = int(time.time() * 1000)
         since_ms = parse_since(since, now_ms=now_ms) if since else None
         until_ms = parse_since(until, now_ms=now_ms) if until else None
         if since_ms is not None and until_ms is not None and since_ms > until_ms:
             raise ReplayError(f"--since ({_iso(since_ms)}) is after --until ({_iso(until_ms)})")
-        config = load_config(config_file)
+        config = with_bootstrap(load_config(config_file), bootstrap)
         pol = policy_config(policy, base=config.policy) if policy else config.policy
     except (AuditError, ConfigError, PolicyNameError, ReplayError) as exc:
-        err.print(f"[red]triage replay:[/] {exc}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise fail(str(exc), EXIT_BAD_INPUT, json_out=json_out) from None
+    if from_file is None:
+        require_broker(config.kafka.bootstrap_servers, json_out=json_out)
     try:
-        recording = _read(config, from_file, since_ms, until_ms, grace, bootstrap, topic_prefix,
-                          timeout_s)
+        recording = _read(config, from_file, since_ms, until_ms, grace, topic_prefix, timeout_s)
         if save is not None:
             with save.open("wb") as stream:
                 lines = write_export(recording, stream)
-            err.print(f"saved {lines:,} decision(s) of {len(recording.requests):,} request(s) "
-                      f"to {save}")
+            print_error(f"saved {lines:,} decision(s) of {len(recording.requests):,} "
+                        f"request(s) to {save}", prefix="note")  # fmt: skip
     except ReplaySourceError as exc:
-        err.print(f"[red]triage replay:[/] {exc}")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+        raise fail(str(exc), EXIT_UNAVAILABLE, json_out=json_out) from None
     except OSError as exc:
-        err.print(f"[red]triage replay:[/] {save}: cannot write: {exc.strerror or exc}")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+        raise fail(f"{save}: cannot write: {exc.strerror or exc}", EXIT_UNAVAILABLE,
+                   json_out=json_out) from None  # fmt: skip
     if not recording.requests:
-        err.print(_empty(recording))
-        raise typer.Exit(EXIT_EMPTY)
+        raise fail(_empty(recording), EXIT_EMPTY, json_out=json_out)
     report = _replay(recording, config, pol, examples)
     if json_out:
         typer.echo(report.to_json(indent=2))
@@ -149,12 +159,12 @@ def replay_command(
 
 def _read(
     config: TriageConfig, from_file: str | None, since_ms: int | None, until_ms: int | None,
-    grace: float, bootstrap: str | None, topic_prefix: str | None, timeout_s: float,
+    grace: float, topic_prefix: str | None, timeout_s: float,
 ) -> Recording:
     if from_file is not None:
         return read_export(from_file, since_ms=since_ms, until_ms=until_ms)
     return read_kafka(
-        bootstrap=bootstrap or config.kafka.bootstrap_servers,
+        bootstrap=config.kafka.bootstrap_servers,
         names=TopicNames(topic_prefix or config.kafka.topic_prefix),
         tenants=[t.name for t in config.tenants], since_ms=since_ms, until_ms=until_ms,
         grace_s=grace, timeout_s=timeout_s,
@@ -191,14 +201,14 @@ def _skipped(skipped: dict[str, int]) -> str:
 
 def _empty(rec: Recording) -> str:
     lines = [
-        f"[red]nothing to replay:[/] no recorded requests{_window(rec.since_ms, rec.until_ms)} "
+        f"nothing to replay: no recorded requests{_window(rec.since_ms, rec.until_ms)} "
         f"in {rec.source} ({rec.scanned:,} record(s) read)."
     ]
     if rec.skipped:
         lines.append(f"Left out: {_skipped(dict(rec.skipped))}.")
     lines.append("Check --since/--until (epoch ms, an age like 2h, or an ISO time in UTC), "
                  "the config's topic prefix, or the file.")
-    return "\n".join(lines)
+    return " ".join(lines)
 
 
 def _pct(n: int, of: int) -> str:

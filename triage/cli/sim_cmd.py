@@ -27,6 +27,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from triage.cli.common import ExitCode, fail
 from triage.config import load_config
 from triage.config.errors import ConfigError
 from triage.sim.capacity import with_offered_load
@@ -302,9 +303,8 @@ def sim(
         sc.check()  # trace mappings read their first row
         sc = with_offered_load(sc, measure=True)  # capacity (cached): before any progress bar
         cmp = _run(sc, names, jobs, quiet=False)
-    except (SimError, ConfigError, OSError) as exc:  # one line, brackets and all
-        err.print(f"[red]triage sim:[/red] {escape(str(exc))}", soft_wrap=True)
-        raise typer.Exit(2) from None
+    except (SimError, ConfigError, OSError) as exc:
+        raise fail(str(exc), ExitCode.USAGE, json_out=json_out) from None
     _invalid_note(cmp)
     if report is not None:
         written = write_report(cmp, report, command=_command(ctx))

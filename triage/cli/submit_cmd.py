@@ -2,8 +2,9 @@
 
 Requests are checked locally first (the wire model, then the configured tenant,
 model and context window) so a typo is a clear error here, not an `invalid`
-reply after a round trip. Exit status: 0 when every request completed, 1 when
-any ended otherwise, 2 for bad input, 3 when the broker or topics are unusable.
+reply after a round trip. Exit status (the CLI's scheme, triage/cli/common.py): 0 when
+every request completed, 1 when any ended otherwise, 2 for bad input, 3 when the broker
+or topics are unusable.
 """
 
 from __future__ import annotations
@@ -18,19 +19,27 @@ from pathlib import Path
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from triage.cli.common import (
+    ExitCode,
+    bootstrap_option,
+    config_option,
+    fail,
+    load_or_exit,
+    require_broker,
+)
 from triage.client import BatchResult, ClientError, RetryPolicy, TriageClient
-from triage.config import ConfigError, load_config
 from triage.config.models import TriageConfig
 from triage.topics.messages import InferenceRequest
 from triage.topics.validation import check_request, describe_validation_error
 
 log = logging.getLogger(__name__)
 
-EXIT_NOT_ALL_COMPLETED = 1
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 3
+EXIT_NOT_ALL_COMPLETED = ExitCode.FAILED
+EXIT_BAD_INPUT = ExitCode.USAGE
+EXIT_UNAVAILABLE = ExitCode.UNAVAILABLE
 
 
 def register(app: typer.Typer) -> None:
@@ -57,25 +66,21 @@ def submit(
     id_prefix: str | None = typer.Option(
         None, "--id-prefix", help="Request ids are <prefix>-<n> (default: cli-<random>)."
     ),
-    config_file: Path | None = typer.Option(
-        None, "--config", help="triage.yaml (default: the shipped example)."
-    ),
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Override kafka.bootstrap_servers."
-    ),
+    config_file: Path | None = config_option("triage.yaml (default: the shipped example)."),
+    bootstrap: str | None = bootstrap_option(),
     topic_prefix: str | None = typer.Option(
         None, "--topic-prefix", help="Override kafka.topic_prefix."
     ),
     json_out: bool = typer.Option(False, "--json", help="One JSON object per terminal reply."),
 ) -> None:
     """Submit inference requests and print each terminal reply."""
-    err = Console(stderr=True)
-    config = _load(config_file, err)
+    err = Console(stderr=True, soft_wrap=True)
+    config = load_or_exit(config_file, bootstrap=bootstrap, json_out=json_out)
     prefix = id_prefix or f"cli-{uuid.uuid4().hex[:10]}"
     requests = [
         _build(
-            err,
             config,
+            json_out,
             request_id=prefix if count == 1 else f"{prefix}-{i:05d}",
             tenant=tenant,
             model=model,
@@ -86,17 +91,17 @@ def submit(
         )
         for i in range(count)
     ]
+    require_broker(config.kafka.bootstrap_servers, json_out=json_out)
     try:
         client = TriageClient(
-            bootstrap=bootstrap or config.kafka.bootstrap_servers,
+            bootstrap=config.kafka.bootstrap_servers,
             topic_prefix=topic_prefix or config.kafka.topic_prefix,
             tenant=tenant,
             reply_timeout_s=timeout_s,
             retry=RetryPolicy(max_attempts=max_attempts),
         )
     except ClientError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(EXIT_UNAVAILABLE) from None
+        raise fail(str(exc), EXIT_UNAVAILABLE, json_out=json_out) from None
     with client:
         results = client.run_batch(requests, max_in_flight=concurrency, retry=retry)
         statuses = _print(results, json_out=json_out, out=Console(), err=err)
@@ -106,26 +111,18 @@ def submit(
         raise typer.Exit(EXIT_NOT_ALL_COMPLETED)
 
 
-def _load(config_file: Path | None, err: Console) -> TriageConfig:
-    try:
-        return load_config(config_file)
-    except ConfigError as exc:
-        err.print(f"[red]error:[/] {exc}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
-
-
-def _build(err: Console, config: TriageConfig, **fields: object) -> InferenceRequest:
+def _build(config: TriageConfig, json_out: bool, **fields: object) -> InferenceRequest:
     """Validate one request as admission will: the wire model, then the configuration."""
     data = {k: v for k, v in fields.items() if v is not None}
     try:
         req = InferenceRequest.model_validate(data)
     except ValidationError as exc:
-        err.print(f"[red]error:[/] invalid request: {describe_validation_error(exc)}")
-        raise typer.Exit(EXIT_BAD_INPUT) from None
+        raise fail(f"invalid request: {describe_validation_error(exc)}", EXIT_BAD_INPUT,
+                   json_out=json_out) from None  # fmt: skip
     problem = check_request(req, config, topic_tenant=req.tenant)
     if problem is not None:
-        err.print(f"[red]error:[/] {problem.reason.value}: {problem.detail}")
-        raise typer.Exit(EXIT_BAD_INPUT)
+        raise fail(f"{problem.reason.value}: {problem.detail}", EXIT_BAD_INPUT,
+                   json_out=json_out)  # fmt: skip
     return req
 
 
@@ -159,13 +156,13 @@ def _print(
 
 
 def _line(res: BatchResult, status: str) -> str:
-    rid = res.request.request_id
+    rid = escape(res.request.request_id)
     tries = f" after {res.attempts} attempts" if res.attempts > 1 else ""
     r = res.reply
     if r is None:
-        return f"[red]{rid}[/] {status}{tries}: {res.error}"
+        return f"[red]{rid}[/] {status}{tries}: {escape(str(res.error))}"
     color = "green" if status == "completed" else "yellow" if r.retry_after_ms else "red"
-    bits = [f"[{color}]{r.request_id}[/] {status}{tries}"]
+    bits = [f"[{color}]{escape(r.request_id)}[/] {status}{tries}"]
     if r.reason is not None:
         bits.append(f"reason={r.reason.value}")
     if r.gpu_id:
@@ -177,7 +174,7 @@ def _line(res: BatchResult, status: str) -> str:
     if r.retry_after_ms is not None:
         bits.append(f"retry_after={r.retry_after_ms / 1000:.2f}s")
     if r.detail:
-        bits.append(f"({r.detail})")
+        bits.append(escape(f"({r.detail})"))
     return " ".join(bits)
 
 

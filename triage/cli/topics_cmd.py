@@ -8,8 +8,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from triage.config import ConfigError, TriageConfig, load_config
-from triage.kafka.clients import broker_reachable
+from triage.cli.common import (
+    ExitCode,
+    bootstrap_option,
+    config_option,
+    fail,
+    load_or_exit,
+    require_broker,
+)
+from triage.config.checks import runnable_problem
 from triage.topics.admin import create_topics, describe_topics, topic_layout
 from triage.topics.errors import TopicAdminError
 from triage.topics.names import TopicNames
@@ -19,31 +26,9 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 console = Console()
-err = Console(stderr=True)
 
-CONFIG = typer.Option(
-    None, "--config", "-c", help="triage YAML config [default: the shipped example]."
-)
-BOOTSTRAP = typer.Option(
-    None, "--bootstrap", "-b", help="Broker host:port [default: kafka.bootstrap_servers]."
-)
-
-
-def _load(config: Path | None) -> TriageConfig:
-    try:
-        return load_config(config)
-    except ConfigError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
-
-
-def _reachable_or_exit(bootstrap: str) -> None:
-    if not broker_reachable(bootstrap, timeout_s=5.0):
-        err.print(
-            f"[red]error:[/red] no Kafka broker answers on {bootstrap} "
-            "(start one with `triage kafka up`)"
-        )
-        raise typer.Exit(1)
+CONFIG = config_option()
+BOOTSTRAP = bootstrap_option()
 
 
 @app.command()
@@ -57,7 +42,10 @@ def create(
     Topics that already exist are left alone and listed (with a warning when
     their partition count differs from the config).
     """
-    cfg = _load(config)
+    cfg = load_or_exit(config, bootstrap=bootstrap)
+    problem = runnable_problem(cfg)
+    if problem is not None:  # topics the app could not run on would outlive the mistake
+        raise fail(problem, ExitCode.USAGE)
     names = TopicNames(cfg.kafka.topic_prefix)
     if dry_run:
         table = Table("topic", "partitions", "config", title="topic layout")
@@ -66,13 +54,12 @@ def create(
             table.add_row(spec.name, str(spec.partitions), conf)
         console.print(table)
         return
-    server = bootstrap or cfg.kafka.bootstrap_servers
-    _reachable_or_exit(server)
+    server = cfg.kafka.bootstrap_servers
+    require_broker(server)
     try:
         result = create_topics(server, names, cfg)
     except TopicAdminError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.FAILED) from None
     for name in result.created:
         console.print(f"[green]created[/green]  {name}")
     for e in result.existing:
@@ -92,15 +79,14 @@ def list_(
     ),
 ) -> None:
     """List triage's topics on the broker with partitions, cleanup policy and retention."""
-    cfg = _load(config)
-    server = bootstrap or cfg.kafka.bootstrap_servers
-    _reachable_or_exit(server)
+    cfg = load_or_exit(config, bootstrap=bootstrap)
+    server = cfg.kafka.bootstrap_servers
+    require_broker(server)
     prefix = None if all_topics else cfg.kafka.topic_prefix
     try:
         infos = describe_topics(server, prefix)
     except TopicAdminError as exc:
-        err.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        raise fail(str(exc), ExitCode.FAILED) from None
     table = Table("topic", "partitions", "cleanup.policy", "retention.ms", title=server)
     for i in infos:
         table.add_row(i.name, str(i.partitions), i.cleanup_policy or "", i.retention_ms or "")

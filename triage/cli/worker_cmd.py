@@ -9,8 +9,7 @@ from pathlib import Path
 
 import typer
 
-from triage.config.errors import ConfigError
-from triage.config.load import load_config
+from triage.cli.common import ExitCode, bootstrap_option, config_option, fail, load_or_exit
 from triage.config.models import TriageConfig
 from triage.workers.backends.base import Backend
 from triage.workers.errors import BackendError
@@ -38,9 +37,7 @@ def worker(
         help="sim: a continuous-batching timing model of the GPU. openai: stream from an "
         "OpenAI-compatible /v1/completions server (vLLM, llama.cpp).",
     ),
-    config: Path | None = typer.Option(
-        None, "--config", "-c", help="triage.yaml (default: the shipped example)."
-    ),
+    config: Path | None = config_option("triage.yaml (default: the shipped example)."),
     openai_url: str | None = typer.Option(
         None,
         "--openai-url",
@@ -63,9 +60,7 @@ def worker(
         max=2.0,
         help="sim: lognormal sigma on prefill and step times, so predictions have error.",
     ),
-    bootstrap: str | None = typer.Option(
-        None, "--bootstrap", help="Kafka bootstrap servers (default: kafka.bootstrap_servers)."
-    ),
+    bootstrap: str | None = bootstrap_option(),
     metrics_port: int | None = typer.Option(
         None,
         "--metrics-port",
@@ -91,24 +86,23 @@ def worker(
     simulated=true). Stop with SIGTERM or Ctrl-C."""
     from triage.workers.worker import WorkerOptions, run_worker
 
-    try:
-        cfg = load_config(config)
-    except ConfigError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--config") from None
+    cfg = load_or_exit(config)
     if cfg.pool_of_gpu(gpu) is None:
         known = ", ".join(cfg.all_gpus()) or "none"
-        raise typer.BadParameter(
-            f"unknown GPU {gpu!r}; the config's pools have: {known}", param_hint="--gpu"
-        )
+        raise fail(f"--gpu: unknown GPU {gpu!r}; the config's pools have: {known}",
+                   ExitCode.USAGE)  # fmt: skip
     try:
         engine = _backend(cfg, gpu, backend, openai_url=openai_url, time_scale=time_scale,
                           sim_noise=sim_noise)  # fmt: skip
     except BackendError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--openai-url") from None
+        raise fail(f"--openai-url: {exc}", ExitCode.USAGE) from None
     options = WorkerOptions(bootstrap=bootstrap, metrics_port=metrics_port,
                             device_index=device_index, send_replies=replies,
                             drain_s=drain_s)  # fmt: skip
-    asyncio.run(run_worker(cfg, gpu, engine, options=options, handle_signals=True))
+    try:
+        asyncio.run(run_worker(cfg, gpu, engine, options=options, handle_signals=True))
+    except OSError as exc:  # the metrics port taken, most often
+        raise fail(f"worker {gpu} stopped: {exc}", ExitCode.FAILED) from None
 
 
 def _backend(

@@ -41,6 +41,17 @@ def _describe(err: Any, data: Any) -> str:
     return f"  {_field_path(tuple(err['loc']), data)}: {msg}{shown}"
 
 
+def yaml_error_line(exc: yaml.YAMLError) -> str:
+    """PyYAML's error on one line: where, then what (its own text spans several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None)
+    if problem is None:
+        return " ".join(str(exc).split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def config_from_dict(data: Any, source: str = "<dict>") -> TriageConfig:
     """Validate a parsed mapping; raise ConfigError naming each bad field."""
     if not isinstance(data, dict):
@@ -62,5 +73,5 @@ def load_config(path: str | Path | None = None) -> TriageConfig:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from None
+        raise ConfigError(f"{p}: not valid YAML: {yaml_error_line(exc)}") from None
     return config_from_dict(data, source=str(p))

@@ -1,12 +1,17 @@
 """Thin confluent-kafka wrappers: one place for client settings.
 
 Producers are idempotent with acks=all and a short linger so Kafka batches;
-consumers commit after processing (enable.auto.commit is off).
+consumers commit after processing (enable.auto.commit is off). Every client is
+built by `client_config`, which routes librdkafka's own log lines (``%3|...|FAIL|``
+on stderr by default) through Python logging: at WARNING, once per cause.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import threading
+import time
 from typing import Any
 
 from confluent_kafka import Consumer, Producer
@@ -34,18 +39,83 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 
+LIBRDKAFKA_LOGGER = "triage.kafka.librdkafka"
+# What varies between repeats of one cause: the thread tag, timings, suppression counts.
+_VARYING = re.compile(
+    r"\[thrd:[^\]]*\]:\s*"
+    r"|\s*\(after \d+ms in state \w+(?:, \d+ identical error\(s\) suppressed)?\)"
+    r"|,?\s*\d+ identical error\(s\) suppressed"
+    r"|\d+(?:\.\d+)?ms"
+)
+
+
+_THREAD = re.compile(r"^\[thrd:[^\]]*\]:\s*")
+
+
+class LibrdkafkaLog:
+    """The ``logger`` of every client: librdkafka's lines go to Python logging at WARNING
+    (its DEBUG/INFO/NOTICE lines are dropped), and a cause already logged within
+    `window_s` is counted, not repeated. Unreachable brokers are what produce floods of
+    identical FAIL lines; callers report the failure that matters themselves.
+
+    confluent-kafka calls ``log(level, fmt, facility, client_name, message)`` from the
+    thread that polls the client."""
+
+    def __init__(self, logger: logging.Logger, window_s: float = 300.0) -> None:
+        self._logger = logger
+        self._window_s = window_s
+        self._seen: dict[str, tuple[float, int]] = {}  # cause -> (first logged, repeats)
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def cause(facility: str, message: str) -> str:
+        return f"{facility}|{_VARYING.sub('', message).strip()}"
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        if level < logging.WARNING:
+            return
+        facility, client, message = [*args, "", "", ""][:3] if args else ("", "", fmt)
+        key = self.cause(str(facility), str(message))
+        now = time.monotonic()
+        with self._lock:
+            first, repeats = self._seen.get(key, (0.0, -1))
+            if repeats >= 0 and now - first < self._window_s:
+                self._seen[key] = (first, repeats + 1)
+                return
+            self._seen[key] = (now, 0)
+            if len(self._seen) > 1024:  # bounded: forget the oldest causes
+                for old in sorted(self._seen, key=lambda k: self._seen[k][0])[:512]:
+                    del self._seen[old]
+        more = f" (repeated {repeats} times in {self._window_s:.0f} s)" if repeats > 0 else ""
+        shown = _THREAD.sub("", str(message))
+        self._logger.warning("librdkafka %s [%s]: %s%s", facility, client, shown, more)
+
+
+KAFKA_LOG = LibrdkafkaLog(logging.getLogger(LIBRDKAFKA_LOGGER))
+
+
+def client_config(bootstrap: str, *defaults: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    """The one place every client's settings are put together: bootstrap, the kind's
+    defaults, the caller's overrides, and the log routing."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    for d in defaults:
+        conf.update(d)
+    conf.update(overrides)
+    conf.setdefault("logger", KAFKA_LOG)
+    return conf
+
+
 def make_producer(bootstrap: str, **overrides: Any) -> Producer:
-    conf = {"bootstrap.servers": bootstrap, **PRODUCER_DEFAULTS, **overrides}
-    return Producer(conf)
+    return Producer(client_config(bootstrap, PRODUCER_DEFAULTS, **overrides))
 
 
 def make_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
-    conf = {"bootstrap.servers": bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **overrides}
-    return Consumer(conf)
+    return Consumer(client_config(bootstrap, {"group.id": group_id}, CONSUMER_DEFAULTS,
+                                  **overrides))  # fmt: skip
 
 
 def make_admin(bootstrap: str, **overrides: Any) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **overrides})
+    return AdminClient(client_config(bootstrap, **overrides))
 
 
 def broker_reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:

@@ -170,6 +170,9 @@ class LocalBroker:
     ) -> None:
         self.port = port
         self.controller_port = controller_port if controller_port is not None else port + 1
+        for what, value in (("port", self.port), ("controller port", self.controller_port)):
+            if not 1 <= value <= 65535:
+                raise LocalBrokerError(f"{what} {value} is not a TCP port (1-65535)")
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir(port)
         self.heap_opts = heap_opts
         self.home = Path(home).expanduser() if home else kafka_home()
@@ -276,19 +279,25 @@ class LocalBroker:
     def start(self) -> StartResult:
         """Start the broker unless ours already runs; return when it answers metadata."""
         t0 = time.monotonic()
-        with _locked(self.data_dir / ".lock"):
-            pid = self._our_pid()
-            if pid is not None:  # ours runs already (maybe still starting): just wait for it
-                self._wait_ready(pid, time.monotonic())
-                return StartResult(self.status(), False, False, 0.0, time.monotonic() - t0)
-            self._check_ports_free()
-            java = _java()
-            self.install()
-            self._write_properties()
-            formatted = self._format_once(java)
-            launched = time.monotonic()
-            pid = self._launch(java)
-            ready_s = self._wait_ready(pid, launched)
+        fresh = not self.data_dir.exists()
+        try:
+            with _locked(self.data_dir / ".lock"):
+                pid = self._our_pid()
+                if pid is not None:  # ours runs already (maybe still starting): wait for it
+                    self._wait_ready(pid, time.monotonic())
+                    return StartResult(self.status(), False, False, 0.0, time.monotonic() - t0)
+                self._check_ports_free()
+                java = _java()
+                self.install()
+                self._write_properties()
+                formatted = self._format_once(java)
+                launched = time.monotonic()
+                pid = self._launch(java)
+                ready_s = self._wait_ready(pid, launched)
+        except LocalBrokerError:
+            if fresh and not self.log_path.parent.exists():  # never launched: leave nothing
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+            raise
         log.info("Kafka %s ready on %s after %.1fs (pid %d)", KAFKA_VERSION, self.bootstrap,
                  ready_s, pid)  # fmt: skip
         return StartResult(self.status(), True, formatted, ready_s, time.monotonic() - t0)

@@ -28,6 +28,7 @@ from typing import Any
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
+from triage.config.checks import runnable_problem
 from triage.config.load import load_config
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
@@ -86,12 +87,9 @@ def build_app(
     metrics_port: int | None = None,
 ) -> AdmissionApp:
     k = config.kafka
-    if k.request_partitions != 1 or k.admission_partitions != 1:
-        raise ValueError(
-            "kafka.request_partitions and kafka.admission_partitions must be 1 for the "
-            "admission app: its tables follow its inputs' single partition (scale out with "
-            "more tenants' topics and pools, see docs/architecture.md)"
-        )
+    problem = runnable_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
     names = TopicNames(k.topic_prefix)
     create_topics(k.bootstrap_servers, names, config)
     outbox = KafkaOutbox(k.bootstrap_servers)

@@ -33,10 +33,27 @@ Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 Ratio = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
 
 
+# The wire schema's version (docs/schema.md). Bump it when a message gains a field;
+# a message that says a newer version than this build knows is refused by name.
+SCHEMA_VERSION = 1
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def schema_id(name: str, version: int = SCHEMA_VERSION) -> str:
+    """The `$id` of a message's JSON Schema document: a URN, so nothing must be hosted."""
+    return f"urn:triage:schema:{name}:v{version}"
+
+
 class Message(BaseModel):
     """Base of every message: unknown fields are errors, instances are frozen."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    schema_version: Annotated[int, Field(ge=1, le=SCHEMA_VERSION, strict=True)] | None = Field(
+        None,
+        description="Wire schema version the producer wrote (absent: 1). A version newer "
+        f"than this build's ({SCHEMA_VERSION}) is refused, not half-read.",
+    )
 
     def to_bytes(self) -> bytes:
         return self.model_dump_json(exclude_none=True).encode()
@@ -130,7 +147,7 @@ class DecisionInputs(Message):
     recompute_tokens: int | None = None  # tokens to prefill again after preemption
     detail: str | None = None
     # The request's shape, on the decision made at its arrival, and what a completion
-    # generated: enough for `triage replay --file` to rebuild the traffic offline.
+    # generated: enough for `triage replay --from-file` to rebuild the traffic offline.
     prompt_tokens: TokenCount | None = None
     max_tokens: TokenCount | None = None
     output_tokens: TokenCount | None = None  # generated tokens (complete)
@@ -367,6 +384,14 @@ ALL_MESSAGES: dict[str, type[Message]] = {
 }
 
 
+def json_schema_document(name: str) -> dict[str, Any]:
+    """One message's JSON Schema as a document a schema registry can take on its own:
+    `$schema` (draft 2020-12, what pydantic writes), `$id` (name and version) and its
+    `$defs` inside."""
+    body = ALL_MESSAGES[name].model_json_schema()
+    return {"$schema": JSON_SCHEMA_DIALECT, "$id": schema_id(name), **body}
+
+
 def json_schemas() -> dict[str, dict[str, Any]]:
-    """JSON Schema of every message, for producers written in other languages."""
-    return {name: model.model_json_schema() for name, model in ALL_MESSAGES.items()}
+    """JSON Schema document of every message, for producers written in other languages."""
+    return {name: json_schema_document(name) for name in ALL_MESSAGES}
