@@ -7,8 +7,11 @@ import time
 from pathlib import Path
 
 import typer
+from confluent_kafka import KafkaException
 from rich.console import Console
 
+from triage.config import ConfigError, load_config
+from triage.config.models import TriageConfig
 from triage.kafka.local import (
     DEFAULT_HEAP,
     DEFAULT_PORT,
@@ -35,13 +38,20 @@ PORT = typer.Option(DEFAULT_PORT, "--port", "-p", help="Client port; the control
 DATA_DIR = typer.Option(
     None, "--data-dir", help="Data, logs and pid file [default: ~/.cache/triage/kafka-data/<port>]."
 )
+CONFIG = typer.Option(
+    None, "--config", "-c",
+    help="triage.yaml whose tenants, GPUs and topic prefix get users and ACLs (secured "
+    "broker only) [default: the shipped example].",
+)  # fmt: skip
 
 
-def _broker(port: int, data_dir: Path | None, heap: str = DEFAULT_HEAP) -> LocalBroker:
-    return LocalBroker(port=port, data_dir=data_dir, heap_opts=heap)
+def _broker(
+    port: int, data_dir: Path | None, heap: str = DEFAULT_HEAP, secure: bool | None = None
+) -> LocalBroker:
+    return LocalBroker(port=port, data_dir=data_dir, heap_opts=heap, secure=secure)
 
 
-def _fail(exc: Exception) -> typer.Exit:
+def _fail(exc: Exception | str) -> typer.Exit:
     err.print(f"[red]error:[/red] {exc}")
     return typer.Exit(1)
 
@@ -67,14 +77,22 @@ def up(
     port: int = PORT,
     data_dir: Path | None = DATA_DIR,
     heap: str = typer.Option(DEFAULT_HEAP, "--heap", help="JVM heap options."),
+    secure: bool = typer.Option(
+        False, "--secure",
+        help="SASL/SCRAM authentication and ACLs (a data dir keeps the mode it was first "
+        "formatted with). Prints where the principals' credentials were written.",
+    ),
+    config: Path | None = CONFIG,
 ) -> None:
     """Start the broker and wait until it answers a metadata request.
 
     Idempotent: installs the jars and formats storage the first time only; if our
     broker already runs, says so and returns. A broker on the port that triage did
-    not start is reported and left alone.
+    not start is reported and left alone. With --secure, every start also makes sure
+    the users and ACLs of --config exist (see docs/security.md).
     """
-    broker = _broker(port, data_dir, heap)
+    cfg = _load(config) if secure else None
+    broker = _broker(port, data_dir, heap, secure=True if secure else None)
     try:
         result = broker.start()
     except ForeignBrokerError as exc:
@@ -85,13 +103,48 @@ def up(
     st = result.status
     if not result.started:
         console.print(f"Kafka {KAFKA_VERSION} already running on {st.bootstrap} (pid {st.pid})")
-        return
-    fmt = ", storage formatted" if result.formatted else ""
+    else:
+        fmt = ", storage formatted" if result.formatted else ""
+        console.print(
+            f"[green]Kafka {KAFKA_VERSION} up[/green] on {st.bootstrap} (pid {st.pid}): "
+            f"answered metadata {result.ready_s:.1f}s after launch "
+            f"({result.total_s:.1f}s in all{fmt}); log {st.log_path}"
+        )
+    if cfg is not None:
+        _provision(broker, cfg)
+
+
+@app.command()
+def provision(port: int = PORT, data_dir: Path | None = DATA_DIR,
+              config: Path | None = CONFIG) -> None:  # fmt: skip
+    """Create the users and ACLs of --config on the running secured broker (idempotent).
+
+    Run it after adding a tenant or a GPU to the config: the new tenant's principal gets
+    its request and reply topics, the workers and the app the new GPU's topics."""
+    cfg = _load(config)
+    _provision(_broker(port, data_dir), cfg)
+
+
+def _load(config: Path | None) -> TriageConfig:
+    try:
+        return load_config(config)
+    except ConfigError as exc:
+        raise _fail(exc) from None
+
+
+def _provision(broker: LocalBroker, cfg: TriageConfig) -> None:
+    try:
+        done = broker.provision(cfg)
+    except LocalBrokerError as exc:
+        raise _fail(exc) from None
+    except KafkaException as exc:
+        raise _fail(f"creating users and ACLs on {broker.bootstrap} failed: {exc}") from None
     console.print(
-        f"[green]Kafka {KAFKA_VERSION} up[/green] on {st.bootstrap} (pid {st.pid}): "
-        f"answered metadata {result.ready_s:.1f}s after launch "
-        f"({result.total_s:.1f}s in all{fmt}); log {st.log_path}"
+        f"secured: {len(done.users)} principals ({', '.join(done.users)}), "
+        f"{done.acls} ACL bindings for topic prefix {cfg.kafka.topic_prefix!r}"
     )
+    console.print(f"credentials: {done.credentials} (0600; password files in "
+                  f"{broker.credentials.dir}); see docs/security.md")  # fmt: skip
 
 
 @app.command()
@@ -143,6 +196,8 @@ def _print_status(st: BrokerStatus) -> None:
     else:
         state = "[red]not running[/red]"
     console.print(f"Kafka on {st.bootstrap}: {state}")
+    if st.secure:
+        console.print(f"  secured:  SASL/SCRAM + ACLs; credentials {st.credentials}")
     console.print(f"  data dir: {st.data_dir}")
     console.print(f"  log:      {st.log_path}")
     console.print(f"  jars:     {kafka_home() / 'lib'}")

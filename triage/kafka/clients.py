@@ -1,7 +1,9 @@
 """Thin confluent-kafka wrappers: one place for client settings.
 
 Producers are idempotent with acks=all and a short linger so Kafka batches;
-consumers commit after processing (enable.auto.commit is off).
+consumers commit after processing (enable.auto.commit is off). Every client carries
+the security settings its process declared for the bootstrap address
+(triage/kafka/security.py: SASL/TLS); explicit overrides win over them.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
+
+from triage.kafka.security import registered_settings
 
 log = logging.getLogger(__name__)
 
@@ -35,23 +39,26 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 
 
 def make_producer(bootstrap: str, **overrides: Any) -> Producer:
-    conf = {"bootstrap.servers": bootstrap, **PRODUCER_DEFAULTS, **overrides}
+    conf = {"bootstrap.servers": bootstrap, **registered_settings(bootstrap), **PRODUCER_DEFAULTS,
+            **overrides}
     return Producer(conf)
 
 
 def make_consumer(bootstrap: str, group_id: str, **overrides: Any) -> Consumer:
-    conf = {"bootstrap.servers": bootstrap, "group.id": group_id, **CONSUMER_DEFAULTS, **overrides}
+    conf = {"bootstrap.servers": bootstrap, "group.id": group_id,
+            **registered_settings(bootstrap), **CONSUMER_DEFAULTS, **overrides}
     return Consumer(conf)
 
 
 def make_admin(bootstrap: str, **overrides: Any) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **overrides})
+    return AdminClient({"bootstrap.servers": bootstrap, **registered_settings(bootstrap),
+                        **overrides})
 
 
-def broker_reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
+def broker_reachable(bootstrap: str, timeout_s: float = 2.0, **overrides: Any) -> bool:
     """True when a metadata request succeeds: an open port is not enough."""
     try:
-        md = make_admin(bootstrap).list_topics(timeout=timeout_s)
+        md = make_admin(bootstrap, **overrides).list_topics(timeout=timeout_s)
     except Exception as exc:  # confluent_kafka raises KafkaException on timeout
         log.debug("metadata request to %s failed: %s", bootstrap, exc)
         return False

@@ -5,6 +5,9 @@ There is no Docker engine on our machines, so the broker is Apache Kafka's own
 the repository (ops/kafka/pom.xml). Everything here is idempotent: `install`
 runs Maven once, storage is formatted once, `start` on a running broker
 returns at once, and a pid file left by a dead broker is cleaned up.
+
+A data dir is formatted either plaintext (the default) or secured (SASL/SCRAM and
+ACLs, triage/kafka/secure.py); it keeps that mode for good.
 """
 
 from __future__ import annotations
@@ -30,14 +33,24 @@ from typing import Any
 
 import psutil
 
+from triage.config.models import TriageConfig
 from triage.kafka.clients import broker_reachable
+from triage.kafka.secure import (
+    CredentialStore,
+    ProvisionResult,
+    broker_security_properties,
+    format_scram_args,
+    provision,
+)
+from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
 
 KAFKA_VERSION = "3.9.1"  # keep in sync with ops/kafka/pom.xml
 DEFAULT_PORT = 9092
 DEFAULT_HEAP = "-Xms512m -Xmx1g"  # enough for tests and the demo on a 2-core, 24 GB machine
-OPS_DIR = Path(__file__).resolve().parents[2] / "ops" / "kafka"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+OPS_DIR = REPO_ROOT / "ops" / "kafka"
 _KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 _MAIN_CLASS = "kafka.Kafka"
 
@@ -82,6 +95,8 @@ class BrokerStatus:
     version: str | None  # Kafka version of our broker; None for a foreign one
     data_dir: str
     log_path: str
+    secure: bool = False  # SASL/SCRAM + ACLs (the data dir was formatted with --secure)
+    credentials: str | None = None  # credentials.yaml of a secured broker
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,13 +182,17 @@ class LocalBroker:
         heap_opts: str = DEFAULT_HEAP,
         home: str | Path | None = None,
         ready_timeout_s: float = 90.0,
+        secure: bool | None = None,
     ) -> None:
+        """`secure`: True formats a new data dir secured, False plaintext; None (default)
+        takes the mode the data dir was formatted with (plaintext for a new one)."""
         self.port = port
         self.controller_port = controller_port if controller_port is not None else port + 1
         self.data_dir = Path(data_dir).expanduser() if data_dir else default_data_dir(port)
         self.heap_opts = heap_opts
         self.home = Path(home).expanduser() if home else kafka_home()
         self.ready_timeout_s = ready_timeout_s
+        self._secure_wanted = secure
 
     # --- paths ---------------------------------------------------------------
 
@@ -204,6 +223,60 @@ class LocalBroker:
     @property
     def _log_dirs(self) -> Path:
         return self.data_dir / "kraft-logs"
+
+    @property
+    def _mode_file(self) -> Path:
+        return self.data_dir / "security.mode"
+
+    @property
+    def credentials(self) -> CredentialStore:
+        """Passwords of a secured broker's principals (under the data dir)."""
+        return CredentialStore(self.data_dir, self.bootstrap)
+
+    # --- security mode ---------------------------------------------------------
+
+    def _formatted_mode(self) -> str | None:
+        """The mode a formatted data dir has (secure, plaintext); None before the first format."""
+        if not (self._log_dirs / "meta.properties").is_file():
+            return None
+        try:
+            return self._mode_file.read_text().strip() or "plaintext"
+        except OSError:
+            return "plaintext"  # formatted before secured mode existed
+
+    @property
+    def secure(self) -> bool:
+        mode = self._formatted_mode()
+        if mode is not None:
+            return mode == "secure"
+        return bool(self._secure_wanted)
+
+    def _check_mode(self) -> None:
+        mode = self._formatted_mode()
+        if mode is None or self._secure_wanted is None:
+            return
+        if (mode == "secure") != self._secure_wanted:
+            want = "--secure" if self._secure_wanted else "plaintext"
+            raise LocalBrokerError(
+                f"{self.data_dir} was formatted {mode}; it cannot start {want} (use another "
+                "--port or --data-dir, or delete that data dir)"
+            )
+        if self._secure_wanted and self.data_dir.resolve().is_relative_to(REPO_ROOT):
+            raise LocalBrokerError("a secured broker's data dir holds its credentials and must "
+                                   f"be outside the repository, not {self.data_dir}")
+
+    def client_settings(self) -> dict[str, Any]:
+        """What a client needs to reach this broker as its operator (admin when secured)."""
+        return self.credentials.settings("admin") if self.secure else {}
+
+    def _reachable(self, timeout_s: float) -> bool:
+        return broker_reachable(self.bootstrap, timeout_s=timeout_s, **self.client_settings())
+
+    def provision(self, config: TriageConfig, names: TopicNames | None = None) -> ProvisionResult:
+        """Users and ACLs for `config` on this secured broker (idempotent)."""
+        if not self.secure:
+            raise LocalBrokerError(f"the broker on {self.bootstrap} is not secured (--secure)")
+        return provision(self.credentials, config, names)
 
     # --- install -------------------------------------------------------------
 
@@ -258,7 +331,8 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._our_pid()
-        reachable = port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=3.0)
+        secure = self.secure
+        reachable = port_open(self.port) and self._reachable(3.0)
         return BrokerStatus(
             bootstrap=self.bootstrap,
             port=self.port,
@@ -269,6 +343,8 @@ class LocalBroker:
             version=KAFKA_VERSION if pid is not None else None,
             data_dir=str(self.data_dir),
             log_path=str(self.log_path),
+            secure=secure,
+            credentials=str(self.credentials.index) if secure else None,
         )
 
     # --- start ---------------------------------------------------------------
@@ -281,6 +357,7 @@ class LocalBroker:
             if pid is not None:  # ours runs already (maybe still starting): just wait for it
                 self._wait_ready(pid, time.monotonic())
                 return StartResult(self.status(), False, False, 0.0, time.monotonic() - t0)
+            self._check_mode()
             self._check_ports_free()
             java = _java()
             self.install()
@@ -306,27 +383,37 @@ class LocalBroker:
 
     def _write_properties(self) -> None:
         template = string.Template((OPS_DIR / "server.properties.template").read_text())
-        text = template.substitute(
-            port=self.port, controller_port=self.controller_port, log_dirs=self._log_dirs
-        )
+        secure = self.secure
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server_properties.write_text(text)
+        text = template.substitute(
+            port=self.port, controller_port=self.controller_port, log_dirs=self._log_dirs,
+            listener="SASL_PLAINTEXT" if secure else "PLAINTEXT",
+            security=broker_security_properties(self.credentials) if secure else "",
+        )
+        # Secured, it holds the admin and controller passwords: private from the start.
+        fd = os.open(self._server_properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(self._server_properties, 0o600)
 
     def _format_once(self, java: str) -> bool:
         """Format KRaft storage unless this data dir already has it."""
         if (self._log_dirs / "meta.properties").is_file():
             return False
         cluster_id = _random_cluster_id()
+        secure = self.secure
         cmd = [
             java, *self._jvm_opts(heap="-Xmx256m"), "-cp", str(self.lib_dir / "*"),
             "kafka.tools.StorageTool", "format", "-t", cluster_id,
             "-c", str(self._server_properties), "--ignore-formatted",
+            *(format_scram_args(self.credentials) if secure else []),
         ]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise BrokerStartError(
                 f"formatting {self._log_dirs} failed:\n{proc.stdout}{proc.stderr}"
             )
+        self._mode_file.write_text("secure\n" if secure else "plaintext\n")
         log.info("formatted KRaft storage in %s (cluster id %s)", self._log_dirs, cluster_id)
         return True
 
@@ -369,7 +456,7 @@ class LocalBroker:
                     f"the broker (pid {pid}) exited during start-up; last lines of "
                     f"{self.log_path}:\n{_tail(self.log_path)}\n{_tail(self._stdout_path)}"
                 )
-            if port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=2.0):
+            if port_open(self.port) and self._reachable(2.0):
                 return time.monotonic() - since
             if time.monotonic() > deadline:
                 raise BrokerStartError(
