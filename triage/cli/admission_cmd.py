@@ -38,6 +38,10 @@ def admission(
     from triage.streams.app import build_app
 
     logging.getLogger("faust").setLevel(logging.WARNING)
-    built = build_app(cfg, config_path=config, datadir=datadir, metrics_port=metrics_port)
+    try:
+        built = build_app(cfg, config_path=config, datadir=datadir, metrics_port=metrics_port)
+    except ConfigError as exc:  # e.g. kafka.security names an unset password variable
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2) from None
     worker = faust.Worker(built.app, loglevel=loglevel, quiet=True)
     worker.execute_from_commandline()

@@ -26,6 +26,7 @@ from triage.audit import (
 )
 from triage.audit.units import millis
 from triage.config import ConfigError, load_config
+from triage.kafka.security import use_kafka_security
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode
 
@@ -74,6 +75,7 @@ def audit(
             scan = read_decisions_file(from_file, request_id=request_id, since_ms=since_ms)
         else:
             config = load_config(config_file)
+            use_kafka_security(config.kafka, bootstrap=bootstrap)
             topic = TopicNames(topic_prefix or config.kafka.topic_prefix).decisions
             source = topic
             scan = read_decisions(

@@ -23,6 +23,7 @@ from rich.table import Table
 from triage.audit import AuditError, parse_since
 from triage.config import ConfigError, load_config
 from triage.config.models import PolicyConfig, TriageConfig
+from triage.kafka.security import use_kafka_security
 from triage.replay import (
     ReplayError,
     ReplayReport,
@@ -116,6 +117,8 @@ def replay_command(
         if since_ms is not None and until_ms is not None and since_ms > until_ms:
             raise ReplayError(f"--since ({_iso(since_ms)}) is after --until ({_iso(until_ms)})")
         config = load_config(config_file)
+        if from_file is None:
+            use_kafka_security(config.kafka, bootstrap=bootstrap)
         pol = policy_config(policy, base=config.policy) if policy else config.policy
     except (AuditError, ConfigError, PolicyNameError, ReplayError) as exc:
         err.print(f"[red]triage replay:[/] {exc}")

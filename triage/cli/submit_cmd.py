@@ -23,6 +23,7 @@ from rich.table import Table
 from triage.client import BatchResult, ClientError, RetryPolicy, TriageClient
 from triage.config import ConfigError, load_config
 from triage.config.models import TriageConfig
+from triage.kafka.security import use_kafka_security
 from triage.topics.messages import InferenceRequest
 from triage.topics.validation import check_request, describe_validation_error
 
@@ -71,6 +72,11 @@ def submit(
     """Submit inference requests and print each terminal reply."""
     err = Console(stderr=True)
     config = _load(config_file, err)
+    try:
+        use_kafka_security(config.kafka, bootstrap=bootstrap)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
     prefix = id_prefix or f"cli-{uuid.uuid4().hex[:10]}"
     requests = [
         _build(

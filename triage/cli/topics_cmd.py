@@ -10,6 +10,7 @@ from rich.table import Table
 
 from triage.config import ConfigError, TriageConfig, load_config
 from triage.kafka.clients import broker_reachable
+from triage.kafka.security import use_kafka_security
 from triage.topics.admin import create_topics, describe_topics, topic_layout
 from triage.topics.errors import TopicAdminError
 from triage.topics.names import TopicNames
@@ -35,6 +36,17 @@ def _load(config: Path | None) -> TriageConfig:
     except ConfigError as exc:
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
+
+
+def _server(cfg: TriageConfig, bootstrap: str | None) -> str:
+    """The broker to talk to, with the config's SASL/TLS settings declared for it."""
+    server = bootstrap or cfg.kafka.bootstrap_servers
+    try:
+        use_kafka_security(cfg.kafka, bootstrap=server)
+    except ConfigError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    return server
 
 
 def _reachable_or_exit(bootstrap: str) -> None:
@@ -66,7 +78,7 @@ def create(
             table.add_row(spec.name, str(spec.partitions), conf)
         console.print(table)
         return
-    server = bootstrap or cfg.kafka.bootstrap_servers
+    server = _server(cfg, bootstrap)
     _reachable_or_exit(server)
     try:
         result = create_topics(server, names, cfg)
@@ -93,7 +105,7 @@ def list_(
 ) -> None:
     """List triage's topics on the broker with partitions, cleanup policy and retention."""
     cfg = _load(config)
-    server = bootstrap or cfg.kafka.bootstrap_servers
+    server = _server(cfg, bootstrap)
     _reachable_or_exit(server)
     prefix = None if all_topics else cfg.kafka.topic_prefix
     try:

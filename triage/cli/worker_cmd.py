@@ -12,6 +12,7 @@ import typer
 from triage.config.errors import ConfigError
 from triage.config.load import load_config
 from triage.config.models import TriageConfig
+from triage.kafka.security import use_kafka_security
 from triage.workers.backends.base import Backend
 from triage.workers.errors import BackendError
 
@@ -93,6 +94,7 @@ def worker(
 
     try:
         cfg = load_config(config)
+        use_kafka_security(cfg.kafka, bootstrap=bootstrap)  # reads the password now
     except ConfigError as exc:
         raise typer.BadParameter(str(exc), param_hint="--config") from None
     if cfg.pool_of_gpu(gpu) is None:

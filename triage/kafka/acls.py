@@ -98,11 +98,11 @@ def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Gra
     pre(APP, "group", app_group_prefix(n), "READ", "DESCRIBE")
     pre(APP, "transactional_id", f"{n.prefix}.", "WRITE", "DESCRIBE")
 
-    # GPU workers: read their work and control, report completions, status and replies.
+    # GPU workers: read their work and control, report completions and status. No reply
+    # topic: the app answers every request (a worker's `--replies` shortcut is refused).
     lit(WORKER, [*gpu_work, *gpu_control], "READ")
     lit(WORKER, [n.completions], "READ", "WRITE")  # read: skip work finished before a restart
     lit(WORKER, [n.gpu_status, n.deadletter], "WRITE")
-    pre(WORKER, "topic", f"{n.prefix}.replies.", "WRITE")  # completed replies go out direct
     pre(WORKER, "group", WORKER_GROUP_PREFIX, "READ", "DESCRIBE")
 
     # Tenants: write their request topic, read their reply topic, nothing else.

@@ -86,13 +86,18 @@ class CredentialStore:
         """librdkafka properties of a client that speaks as `user`."""
         return librdkafka_settings(self.security(user))
 
+    def _block(self, user: str) -> dict[str, Any]:
+        sec = self.security(user)
+        return {"protocol": sec.protocol, "sasl_mechanism": sec.sasl_mechanism,
+                "username": sec.username, "password_file": sec.password_file}
+
     def write_index(self) -> Path:
         """credentials.yaml: where each principal's password is, and how to use it."""
         doc = {
             "bootstrap_servers": self.bootstrap,
             "principals": {
                 u: {"kafka": {"bootstrap_servers": self.bootstrap,
-                              "security": self.security(u).model_dump(exclude_defaults=True)}}
+                              "security": self._block(u)}}
                 for u in self.users()
             },
         }  # fmt: skip

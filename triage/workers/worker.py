@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.security import use_kafka_security
 from triage.topics.messages import (
     Completion,
     CompletionStatus,
@@ -91,6 +92,7 @@ class Worker:
         self.backend = backend
         self.options = opts = options or WorkerOptions()
         self.bootstrap = opts.bootstrap or config.kafka.bootstrap_servers
+        use_kafka_security(config.kafka, bootstrap=self.bootstrap)  # SASL/TLS, if configured
         self.topics = opts.topics or TopicNames(config.kafka.topic_prefix)
         self.metrics = WorkerMetrics(gpu_id)
         self.metrics_port: int | None = None
