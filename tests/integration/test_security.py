@@ -11,7 +11,9 @@ must still answer requests end to end.
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -191,6 +193,27 @@ def test_the_controller_port_admits_no_client(secure_broker: LocalBroker) -> Non
         admin = make_admin(ctl, **conf, log_level=0)
         with pytest.raises(KafkaException):
             admin.list_topics(timeout=5)
+
+
+def test_no_anonymous_cluster_change_through_the_controller_port(
+    secure_broker: LocalBroker, tmp_path: Path
+) -> None:
+    """Kafka's own tool, aimed at the controller (KIP-919), with no credentials. Over a
+    PLAINTEXT controller listener, whose User:ANONYMOUS must then be a super user, this
+    very command changes every topic's retention; here it must fail."""
+    java = shutil.which("java")
+    assert java is not None
+    timeouts = tmp_path / "client.properties"
+    timeouts.write_text("default.api.timeout.ms=8000\nrequest.timeout.ms=4000\n")
+    proc = subprocess.run(
+        [java, "-Xmx128m", "-cp", str(secure_broker.lib_dir / "*"), "kafka.admin.ConfigCommand",
+         "--bootstrap-controller", f"127.0.0.1:{secure_broker.controller_port}",
+         "--command-config", str(timeouts), "--entity-type", "brokers", "--entity-default",
+         "--alter", "--add-config", "log.retention.ms=12345"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout
+    assert "Completed updating" not in proc.stdout
 
 
 def test_tenant_writes_its_requests_and_reads_its_replies(
