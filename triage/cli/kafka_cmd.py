@@ -22,6 +22,9 @@ from triage.kafka.local import (
     LocalBrokerError,
     kafka_home,
 )
+from triage.kafka.secure import CredentialError, CredentialStore
+from triage.kafka.secure import provision as provision_broker
+from triage.kafka.security import librdkafka_settings
 
 app = typer.Typer(
     help=(
@@ -115,14 +118,37 @@ def up(
 
 
 @app.command()
-def provision(port: int = PORT, data_dir: Path | None = DATA_DIR,
-              config: Path | None = CONFIG) -> None:  # fmt: skip
-    """Create the users and ACLs of --config on the running secured broker (idempotent).
+def provision(
+    port: int = PORT,
+    data_dir: Path | None = DATA_DIR,
+    config: Path | None = CONFIG,
+    secrets_dir: Path | None = typer.Option(
+        None, "--secrets-dir",
+        help="Any secured broker, not the local one: read each principal's password from "
+        "DIR/<user> (e.g. Docker secrets in /run/secrets) and log in as the admin that "
+        "--config's kafka.security names, at its kafka.bootstrap_servers.",
+    ),
+) -> None:
+    """Create the users and ACLs of --config on a running secured broker (idempotent).
 
     Run it after adding a tenant or a GPU to the config: the new tenant's principal gets
     its request and reply topics, the workers and the app the new GPU's topics."""
     cfg = _load(config)
-    _provision(_broker(port, data_dir), cfg)
+    if secrets_dir is None:
+        _provision(_broker(port, data_dir), cfg)
+        return
+    store = CredentialStore.read_only(secrets_dir, cfg.kafka.bootstrap_servers)
+    try:
+        login = librdkafka_settings(cfg.kafka.security)
+        done = provision_broker(store, cfg, admin_settings=login)
+    except (ConfigError, CredentialError) as exc:
+        raise _fail(exc) from None
+    except KafkaException as exc:
+        raise _fail(f"creating users and ACLs on {store.bootstrap} failed: {exc}") from None
+    console.print(
+        f"secured {store.bootstrap}: {len(done.users)} principals ({', '.join(done.users)}), "
+        f"{done.acls} ACL bindings for topic prefix {cfg.kafka.topic_prefix!r}"
+    )
 
 
 def _load(config: Path | None) -> TriageConfig:

@@ -47,22 +47,41 @@ SCRAM_ITERATIONS = 8192
 _TIMEOUT_S = 30.0
 
 
+class CredentialError(RuntimeError):
+    """A principal's password file is missing from a directory triage may not write."""
+
+
 class CredentialStore:
-    """Generated passwords of one secured broker, one private file per user."""
+    """Passwords of one secured broker's principals, one private file per user.
+
+    The local broker's store generates them (`<data dir>/credentials/<user>.password`);
+    a deployment's store reads files someone else made (`--secrets-dir`, e.g. Docker
+    secrets in /run/secrets/<user>) and never writes.
+    """
 
     def __init__(self, data_dir: Path, bootstrap: str) -> None:
         self.dir = data_dir / "credentials"
-        self.index = data_dir / "credentials.yaml"
+        self.index: Path | None = data_dir / "credentials.yaml"
         self.bootstrap = bootstrap
+        self.suffix = ".password"
+        self.generate = True
+
+    @classmethod
+    def read_only(cls, secrets_dir: Path, bootstrap: str, suffix: str = "") -> CredentialStore:
+        store = cls(secrets_dir, bootstrap)
+        store.dir, store.index, store.suffix, store.generate = secrets_dir, None, suffix, False
+        return store
 
     def path(self, user: str) -> Path:
-        return self.dir / f"{user}.password"
+        return self.dir / f"{user}{self.suffix}"
 
     def password(self, user: str) -> str:
         """The user's password, generated (and written 0600) on first use."""
         p = self.path(user)
         if p.is_file():
             return p.read_text(encoding="utf-8").strip()
+        if not self.generate:
+            raise CredentialError(f"no password file for principal {user!r}: {p} is missing")
         self.dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.dir, 0o700)
         value = secrets.token_urlsafe(24)  # URL-safe: no quote or ';' to escape in JAAS
@@ -74,7 +93,8 @@ class CredentialStore:
     def users(self) -> list[str]:
         if not self.dir.is_dir():
             return []
-        return sorted(p.stem for p in self.dir.glob("*.password") if p.stem != CONTROLLER_USER)
+        found = (p.name.removesuffix(self.suffix) for p in self.dir.glob(f"*{self.suffix}"))
+        return sorted(u for u in found if u != CONTROLLER_USER)
 
     def security(self, user: str) -> KafkaSecurityConfig:
         """The `kafka.security` block of a config that speaks as `user`."""
@@ -91,8 +111,10 @@ class CredentialStore:
         return {"protocol": sec.protocol, "sasl_mechanism": sec.sasl_mechanism,
                 "username": sec.username, "password_file": sec.password_file}
 
-    def write_index(self) -> Path:
+    def write_index(self) -> Path | None:
         """credentials.yaml: where each principal's password is, and how to use it."""
+        if self.index is None:
+            return None
         doc = {
             "bootstrap_servers": self.bootstrap,
             "principals": {
@@ -149,13 +171,15 @@ class ProvisionResult:
 
     users: list[str]
     acls: int  # bindings created or confirmed
-    credentials: Path  # credentials.yaml
+    credentials: Path | None  # credentials.yaml (None for a read-only store)
 
 
-def provision(store: CredentialStore, config: TriageConfig,
-              names: TopicNames | None = None) -> ProvisionResult:  # fmt: skip
-    """Create (or re-set) every principal's SCRAM credential and every ACL of `config`."""
-    admin = make_admin(store.bootstrap, log_level=4, **store.settings(ADMIN))
+def provision(store: CredentialStore, config: TriageConfig, names: TopicNames | None = None,
+              *, admin_settings: dict[str, Any] | None = None) -> ProvisionResult:  # fmt: skip
+    """Create (or re-set) every principal's SCRAM credential and every ACL of `config`,
+    logged in as admin (`admin_settings`, default: the store's admin password)."""
+    login = admin_settings if admin_settings is not None else store.settings(ADMIN)
+    admin = make_admin(store.bootstrap, log_level=4, **login)
     users = principals(config)
     upserts: list[UserScramCredentialAlteration] = [
         UserScramCredentialUpsertion(
