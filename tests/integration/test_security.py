@@ -10,6 +10,7 @@ must still answer requests end to end.
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import socket
@@ -30,7 +31,9 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
     ResourcePatternType,
     ResourceType,
 )
+from typer.testing import CliRunner
 
+from triage.cli.main import app as cli_app
 from triage.client import TriageClient
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
@@ -66,6 +69,7 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBro
         yield broker
     finally:
         register_settings(broker.bootstrap, {})
+        gc.collect()  # tests' clients go before their broker (no reconnect noise)
         broker.stop()
 
 
@@ -341,3 +345,51 @@ def test_the_system_answers_end_to_end_on_the_secured_broker(
     finally:
         worker.stop()
         admission.stop()
+
+
+def test_provision_cli_for_the_local_broker_and_for_a_secrets_dir(
+    secure_broker: LocalBroker, tmp_path: Path
+) -> None:
+    """`triage kafka provision`: on the local broker it prints where credentials are; with
+    --secrets-dir (the compose stack's way) it logs in as the config's admin and gives each
+    principal the password in DIR/<user>, which then works."""
+    names = TopicNames(f"s{uuid.uuid4().hex[:8]}")
+    cfg = _config(secure_broker.bootstrap, names, tmp_path)
+    plain_cfg = tmp_path / "plain.yaml"
+    plain_cfg.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    runner = CliRunner()
+    local = runner.invoke(cli_app, ["kafka", "provision", "--port", str(secure_broker.port),
+                                    "--data-dir", str(secure_broker.data_dir),
+                                    "--config", str(plain_cfg)])  # fmt: skip
+    assert local.exit_code == 0, local.output
+    assert str(secure_broker.credentials.index) in local.output.replace("\n", "")
+
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir(mode=0o700)
+    for user in ("app", "worker", tenant_user("a"), tenant_user("b")):
+        (secrets_dir / user).write_text(f"compose-{user}-{uuid.uuid4().hex}\n")
+    admin_cfg = _principal_config(cfg, secure_broker, "admin", tmp_path / "admin.yaml")
+    try:
+        _provision_from(runner, admin_cfg, secrets_dir, secure_broker, names, cfg)
+    finally:  # the users are the module's: give them their own passwords back
+        secure_broker.provision(cfg, names)
+
+
+def _provision_from(runner: CliRunner, admin_cfg: Path, secrets_dir: Path,
+                    secure_broker: LocalBroker, names: TopicNames, cfg: TriageConfig) -> None:
+    result = runner.invoke(cli_app, ["kafka", "provision", "--config", str(admin_cfg),
+                                     "--secrets-dir", str(secrets_dir)])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    create_topics(secure_broker.bootstrap, names, cfg)
+    login = {**_as(secure_broker, tenant_user("a")),
+             "sasl.password": (secrets_dir / tenant_user("a")).read_text().strip()}
+    p = make_producer(secure_broker.bootstrap, **login, log_level=0)
+    delivered: list[KafkaError | None] = []
+    p.produce(names.requests("a"), b"{}", on_delivery=lambda e, _m: delivered.append(e))
+    p.flush(30)
+    assert delivered == [None]
+    (secrets_dir / "worker").unlink()  # a missing secret: one line, exit 1
+    missing = runner.invoke(cli_app, ["kafka", "provision", "--config", str(admin_cfg),
+                                      "--secrets-dir", str(secrets_dir)])  # fmt: skip
+    assert missing.exit_code == 1
+    assert "no password file for principal 'worker'" in missing.output
