@@ -181,3 +181,15 @@ def test_acl_table_gives_each_topic_its_writers_and_readers(triage_config: Triag
 def test_a_tenant_cannot_take_a_role_name(triage_config: TriageConfig) -> None:
     assert tenant_user("app") == "tenant-app" != APP
     assert len(set(principals(triage_config))) == len(principals(triage_config))
+
+
+def test_docs_security_lists_the_acl_table_of_the_example(triage_config: TriageConfig) -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "security.md").read_text()
+    rows = [line for line in doc.splitlines()
+            if line.startswith("| `User:") and line.count("|") == 6]  # fmt: skip
+    expected = [
+        f"| `{g.principal}` | {g.resource} | {'prefixed' if g.prefixed else 'literal'} | "
+        f"`{g.name}` | {', '.join(g.operations)} |"
+        for g in acl_table(triage_config)
+    ]
+    assert rows == expected
