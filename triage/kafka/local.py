@@ -27,7 +27,6 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,15 @@ import psutil
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import broker_reachable
+from triage.kafka.local_types import (
+    BrokerStartError,
+    BrokerStatus,
+    ForeignBrokerError,
+    LocalBrokerError,
+    PortInUseError,
+    StartResult,
+    ToolMissingError,
+)
 from triage.kafka.secure import (
     CredentialStore,
     ProvisionResult,
@@ -43,6 +51,12 @@ from triage.kafka.secure import (
     provision,
 )
 from triage.topics.names import TopicNames
+
+__all__ = [
+    "DEFAULT_HEAP", "DEFAULT_PORT", "KAFKA_VERSION", "BrokerStartError", "BrokerStatus",
+    "ForeignBrokerError", "LocalBroker", "LocalBrokerError", "PortInUseError", "StartResult",
+    "ToolMissingError", "default_data_dir", "kafka_home", "port_open",
+]
 
 log = logging.getLogger(__name__)
 
@@ -53,64 +67,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 OPS_DIR = REPO_ROOT / "ops" / "kafka"
 _KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 _MAIN_CLASS = "kafka.Kafka"
-
-
-class LocalBrokerError(RuntimeError):
-    """The local broker could not be installed, started or stopped."""
-
-
-class ToolMissingError(LocalBrokerError):
-    """java or mvn is not installed."""
-
-
-class PortInUseError(LocalBrokerError):
-    """Something that is not a Kafka broker listens on one of our ports."""
-
-
-class ForeignBrokerError(LocalBrokerError):
-    """A Kafka broker that triage did not start already serves the port."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(
-            f"a Kafka broker that triage did not start already answers on {bootstrap}; "
-            "triage leaves it alone (use it, stop it yourself, or pick another --port)"
-        )
-        self.bootstrap = bootstrap
-
-
-class BrokerStartError(LocalBrokerError):
-    """The broker process exited or never answered a metadata request."""
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerStatus:
-    """What `triage kafka status` reports."""
-
-    bootstrap: str  # host:port clients connect to
-    port: int
-    controller_port: int
-    pid: int | None  # pid of the broker we started, None when ours is not running
-    managed: bool  # True when the broker on the port is the one we started
-    reachable: bool  # a metadata request succeeded (an open port is not enough)
-    version: str | None  # Kafka version of our broker; None for a foreign one
-    data_dir: str
-    log_path: str
-    secure: bool = False  # SASL/SCRAM + ACLs (the data dir was formatted with --secure)
-    credentials: str | None = None  # credentials.yaml of a secured broker
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class StartResult:
-    """What `start` did, and how long the broker took to answer."""
-
-    status: BrokerStatus
-    started: bool  # False when it was already running (nothing was done)
-    formatted: bool  # storage was formatted on this start (first run of a data dir)
-    ready_s: float  # launch to first answered metadata request (0 when not started)
-    total_s: float  # including install and storage format
 
 
 def kafka_home() -> Path:
