@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
-import hashlib
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
 import string
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +30,16 @@ import psutil
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import broker_reachable
+from triage.kafka.jars import (  # re-exported: KAFKA_VERSION, kafka_home
+    KAFKA_VERSION,
+    OPS_DIR,
+    REPO_ROOT,
+    install_jars,
+    jars_installed,
+    kafka_home,
+    locked,
+    require_tool,
+)
 from triage.kafka.local_types import (
     BrokerStartError,
     BrokerStatus,
@@ -60,21 +66,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-KAFKA_VERSION = "3.9.1"  # keep in sync with ops/kafka/pom.xml
 DEFAULT_PORT = 9092
 DEFAULT_HEAP = "-Xms512m -Xmx1g"  # enough for tests and the demo on a 2-core, 24 GB machine
-REPO_ROOT = Path(__file__).resolve().parents[2]
-OPS_DIR = REPO_ROOT / "ops" / "kafka"
-_KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 _MAIN_CLASS = "kafka.Kafka"
-
-
-def kafka_home() -> Path:
-    """Where the jars live: $TRIAGE_KAFKA_HOME, else ~/.cache/triage/kafka/<version>."""
-    env = os.environ.get("TRIAGE_KAFKA_HOME")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "triage" / "kafka" / KAFKA_VERSION
 
 
 def default_data_dir(port: int) -> Path:
@@ -90,32 +84,13 @@ def port_open(port: int, host: str = "127.0.0.1", timeout_s: float = 0.5) -> boo
         return False
 
 
-def _require(tool: str, hint: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise ToolMissingError(f"{tool} not found on PATH: {hint}")
-    return path
-
-
 def _java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").is_file():
         return str(Path(java_home) / "bin" / "java")
-    return _require(
+    return require_tool(
         "java", "install a JDK or JRE 17 (e.g. apt-get install openjdk-17-jre-headless)"
     )
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so two `up` calls do not race."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -237,39 +212,11 @@ class LocalBroker:
     # --- install -------------------------------------------------------------
 
     def installed(self) -> bool:
-        marker = self.home / ".installed"
-        return (
-            (self.lib_dir / _KAFKA_JAR).is_file()
-            and marker.is_file()
-            and marker.read_text().strip() == _pom_digest()
-        )
+        return jars_installed(self.home)
 
     def install(self, *, force: bool = False) -> bool:
         """Copy Kafka's runtime jars from Maven into the cache; True when Maven ran."""
-        pom = OPS_DIR / "pom.xml"
-        if not pom.is_file():
-            raise LocalBrokerError(f"{pom} not found: the local broker needs a source checkout")
-        with _locked(self.home / ".lock"):
-            if self.installed() and not force:
-                return False
-            mvn = _require("mvn", "install Apache Maven 3.8+ (e.g. apt-get install maven)")
-            staging = self.home / f"lib.tmp-{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
-            cmd = [
-                mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
-                "dependency:copy-dependencies", "-DincludeScope=runtime",
-                f"-DoutputDirectory={staging}",
-            ]  # fmt: skip
-            log.info("resolving Kafka %s with Maven into %s", KAFKA_VERSION, self.lib_dir)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-            if proc.returncode != 0 or not (staging / _KAFKA_JAR).is_file():
-                shutil.rmtree(staging, ignore_errors=True)
-                out = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-                raise LocalBrokerError(f"Maven could not resolve Kafka {KAFKA_VERSION}:\n{out}")
-            shutil.rmtree(self.lib_dir, ignore_errors=True)
-            staging.rename(self.lib_dir)
-            (self.home / ".installed").write_text(_pom_digest() + "\n")
-            return True
+        return install_jars(self.home, force=force)
 
     # --- status --------------------------------------------------------------
 
@@ -308,7 +255,7 @@ class LocalBroker:
     def start(self) -> StartResult:
         """Start the broker unless ours already runs; return when it answers metadata."""
         t0 = time.monotonic()
-        with _locked(self.data_dir / ".lock"):
+        with locked(self.data_dir / ".lock"):
             pid = self._our_pid()
             if pid is not None:  # ours runs already (maybe still starting): just wait for it
                 self._wait_ready(pid, time.monotonic())
@@ -425,7 +372,7 @@ class LocalBroker:
 
     def stop(self, *, timeout_s: float = 30.0) -> bool:
         """SIGTERM our broker, wait, SIGKILL if it lingers; False when ours was not running."""
-        with _locked(self.data_dir / ".lock"):
+        with locked(self.data_dir / ".lock"):
             pid = self._our_pid()
             if pid is None:
                 return False
@@ -468,7 +415,3 @@ def _random_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256((OPS_DIR / "pom.xml").read_bytes()).hexdigest()
