@@ -3,13 +3,17 @@ into, the credential store's file modes, and the ACL table's guarantees as data.
 
 from __future__ import annotations
 
+import re
 import stat
 from pathlib import Path
 from typing import Any
 
 import faust
 import pytest
+import yaml
+from typer.testing import CliRunner
 
+from triage.cli.main import app as cli_app
 from triage.config import ConfigError, TriageConfig, config_from_dict
 from triage.config.security import KafkaSecurityConfig
 from triage.kafka.acls import APP, WORKER, Grant, acl_table, principals, tenant_user, to_bindings
@@ -193,3 +197,26 @@ def test_docs_security_lists_the_acl_table_of_the_example(triage_config: TriageC
         for g in acl_table(triage_config)
     ]
     assert rows == expected
+
+
+@pytest.mark.parametrize("args", [
+    ["admission"], ["worker", "--gpu", "gpu-0", "--backend", "sim"], ["topics", "create"],
+    ["submit", "--tenant", "rag", "--model", "llama-3.1-8b", "--prompt-tokens", "10",
+     "--max-tokens", "10"],
+    ["audit", "some-request"],
+])  # fmt: skip
+def test_an_unset_password_stops_each_command_with_one_line(
+    args: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    triage_config: TriageConfig,
+) -> None:
+    monkeypatch.delenv("TRIAGE_TEST_PW", raising=False)
+    data = triage_config.model_dump(mode="json")
+    data["kafka"] = {"bootstrap_servers": "127.0.0.1:1", "security": SASL}  # never dialled
+    cfg = tmp_path / "triage.yaml"
+    cfg.write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(cli_app, [*args, "--config", str(cfg)])
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())  # typer's error box
+    assert "environment variable TRIAGE_TEST_PW is not set" in flat
+    assert "Traceback" not in result.output
