@@ -35,6 +35,7 @@ from typer.testing import CliRunner
 
 from triage.cli.main import app as cli_app
 from triage.client import TriageClient
+from triage.client.errors import ReplyTopicError
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.acls import APP, WORKER, tenant_user
@@ -393,3 +394,13 @@ def _provision_from(runner: CliRunner, admin_cfg: Path, secrets_dir: Path,
                                       "--secrets-dir", str(secrets_dir)])  # fmt: skip
     assert missing.exit_code == 1
     assert "no password file for principal 'worker'" in missing.output
+
+
+def test_a_client_for_another_tenant_fails_at_start_with_a_clear_error(
+    secure_broker: LocalBroker, secured: Any
+) -> None:
+    _, names = secured
+    with pytest.raises(ReplyTopicError, match="may not read reply topic"):
+        TriageClient(bootstrap=secure_broker.bootstrap, tenant="b", topic_prefix=names.prefix,
+                     kafka_settings=_as(secure_broker, tenant_user("a")),
+                     start_timeout_s=20)  # fmt: skip
