@@ -4,7 +4,9 @@ into, the credential store's file modes, and the ACL table's guarantees as data.
 from __future__ import annotations
 
 import re
+import ssl
 import stat
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from triage.kafka.security import (
     librdkafka_settings,
     register_settings,
     registered_settings,
+    ssl_context,
     use_kafka_security,
 )
 from triage.topics.names import TopicNames
@@ -220,3 +223,36 @@ def test_an_unset_password_stops_each_command_with_one_line(
     flat = " ".join(re.sub(r"[│╭╮╰╯─]", " ", result.output).split())  # typer's error box
     assert "environment variable TRIAGE_TEST_PW is not set" in flat
     assert "Traceback" not in result.output
+
+
+def test_tls_settings_build_a_verifying_context_from_real_pem_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CA, a client certificate and an encrypted key made with openssl: the SSLContext
+    Faust gets loads them and verifies servers; librdkafka gets the same paths."""
+    key, cert = tmp_path / "client.key", tmp_path / "client.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-keyout", str(key),
+                    "-out", str(cert), "-days", "1", "-subj", "/CN=triage-test",
+                    "-passout", "pass:keypass"], check=True, capture_output=True)  # fmt: skip
+    monkeypatch.setenv("TRIAGE_TEST_PW", "pw")
+    monkeypatch.setenv("TRIAGE_TEST_KEY_PW", "keypass")
+    sec = KafkaSecurityConfig(protocol="SASL_SSL", username="app", password_env="TRIAGE_TEST_PW",
+                              ssl_ca_location=str(cert), ssl_certificate_location=str(cert),
+                              ssl_key_location=str(key), ssl_key_password_env="TRIAGE_TEST_KEY_PW")
+    ctx = ssl_context(sec)
+    assert ctx.verify_mode is ssl.CERT_REQUIRED and ctx.check_hostname
+    assert any(c.get("subject") == ((("commonName", "triage-test"),),)
+               for c in ctx.get_ca_certs())  # fmt: skip
+    creds = faust_credentials(sec)
+    assert isinstance(creds, faust.SASLCredentials)
+    assert str(creds.protocol.value) == "SASL_SSL" and creds.ssl_context is not None
+    conf = librdkafka_settings(sec)
+    assert conf["ssl.key.password"] == "keypass"
+    assert conf["ssl.certificate.location"] == str(cert)
+    assert conf["ssl.endpoint.identification.algorithm"] == "https"
+    monkeypatch.setenv("TRIAGE_TEST_KEY_PW", "wrong")
+    with pytest.raises(ssl.SSLError):
+        ssl_context(sec)
+    tls_only = KafkaSecurityConfig(protocol="SSL", ssl_ca_location=str(cert))
+    assert isinstance(faust_credentials(tls_only), faust.SSLCredentials)
+    assert "sasl.username" not in librdkafka_settings(tls_only)
