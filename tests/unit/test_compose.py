@@ -1,4 +1,5 @@
-"""docker-compose.yml agrees with the CLI, the example config, Prometheus and Grafana.
+"""docker-compose.yml (and its secured variant, docker-compose.secure.yml) agrees with the
+CLI, the example config, the ACL table, Prometheus and Grafana.
 
 There is no Docker engine here, so the file is checked as data: every command
 names a real `triage` command with real options, every port and GPU id is the
@@ -8,6 +9,7 @@ one the config says, and every file it mounts exists.
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,9 @@ import yaml
 
 import triage.cli.main as cli_main
 from triage.config import EXAMPLE_CONFIG, TriageConfig, load_config
+from triage.kafka.acls import ADMIN, APP, WORKER, principals
 from triage.kafka.local import KAFKA_VERSION
+from triage.kafka.secure import CredentialStore, broker_security_properties
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -183,3 +187,95 @@ def test_every_bind_mount_exists() -> None:
         for host in _mounts(service).values():
             if host.startswith("."):
                 assert (ROOT / host).exists(), f"{service} mounts missing {host}"
+
+
+# --------------------------------------------------------------------------- secured variant
+
+SECURE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.secure.yml").read_text())
+SECURE_SERVICES: dict[str, dict[str, Any]] = SECURE["services"]
+SECRETS_DIR_VAR = "${TRIAGE_SECRETS_DIR?"
+
+
+def _secure_mounts(service: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in SECURE_SERVICES[service].get("volumes", []):
+        host, container, *_ = str(entry).split(":")
+        out[container] = host
+    return out
+
+
+def _secure_config(service: str) -> TriageConfig:
+    args = [str(a) for a in SECURE_SERVICES[service]["command"]]
+    return load_config(ROOT / _secure_mounts(service)[_option(args, "--config")])
+
+
+def test_secure_variant_overrides_the_stack_and_adds_the_acl_job() -> None:
+    assert set(SECURE_SERVICES) == {"kafka", "kafka-acls", *TRIAGE_SERVICES}
+    acls = SECURE_SERVICES["kafka-acls"]
+    assert acls["depends_on"] == {"kafka": {"condition": "service_healthy"}}
+    assert SECURE_SERVICES["topics"]["depends_on"] == {
+        "kafka-acls": {"condition": "service_completed_successfully"}}
+
+
+@pytest.mark.parametrize("service", ["kafka-acls", *TRIAGE_SERVICES])
+def test_secure_commands_exist_and_read_their_principals_config(service: str) -> None:
+    args = [str(a) for a in SECURE_SERVICES[service]["command"]]
+    path, cmd = _resolve(args[1:])
+    assert cmd is not None, f"`triage {' '.join(path)}` is not a triage command"
+    known = {opt for p in cmd.params for opt in p.opts}
+    used = {a for a in args if a.startswith("--")}
+    assert used <= known, f"`triage {' '.join(path)}` has no {sorted(used - known)}"
+    base = [str(a) for a in SERVICES.get(service, {}).get("command", args)]
+    assert [a for a in args if a != _option(args, "--config")] == [
+        a for a in base if a != _option(base, "--config")]  # only the config file differs
+    security = _secure_config(service).kafka.security
+    assert security.protocol == "SASL_PLAINTEXT" and security.sasl_mechanism == "SCRAM-SHA-512"
+    assert security.password_file == f"/run/secrets/{security.username}"
+    assert security.username in SECURE_SERVICES[service]["secrets"]
+
+
+def test_each_container_gets_only_its_principals_secrets(triage_config: TriageConfig) -> None:
+    expected = {"kafka": {ADMIN, "controller"}, "topics": {ADMIN}, "admission": {APP},
+                "worker-gpu-0": {WORKER}, "worker-gpu-1": {WORKER},
+                "kafka-acls": set(principals(triage_config))}  # fmt: skip
+    assert {s: set(spec["secrets"]) for s, spec in SECURE_SERVICES.items()} == expected
+    assert set(SECURE["secrets"]) == {"controller", *principals(triage_config)}
+
+
+def test_secrets_come_from_outside_the_repo() -> None:
+    for name, spec in SECURE["secrets"].items():
+        assert spec["file"].startswith(SECRETS_DIR_VAR), f"secret {name} must come from " \
+            "$TRIAGE_SECRETS_DIR"  # fmt: skip
+        assert spec["file"].endswith(f"}}/{name}")
+    text = (ROOT / "docker-compose.secure.yml").read_text()
+    assert "password=" not in text.replace("password=$", "")
+
+
+@pytest.mark.parametrize("user", ["admin", "app", "worker"])
+def test_secure_configs_are_the_compose_config_plus_a_principal(user: str) -> None:
+    secured = load_config(ROOT / "ops" / "compose" / "secure" / f"{user}.yaml")
+    assert secured.kafka.security.username == user
+    plain = _compose_config().model_dump(mode="json")
+    mine = secured.model_dump(mode="json")
+    mine["kafka"].pop("security")
+    plain["kafka"].pop("security")
+    assert mine == plain
+
+
+def test_secure_broker_script_sets_what_the_local_secured_broker_sets(tmp_path: Path) -> None:
+    script = (ROOT / _secure_mounts("kafka")["/etc/triage/kafka-secure.sh"]).read_text()
+    assert subprocess.run(["sh", "-n", "-c", script], check=False).returncode == 0
+    props = broker_security_properties(CredentialStore(tmp_path, "127.0.0.1:9092"))
+    keys = [line.split("=", 1)[0] for line in props.splitlines() if "=" in line
+            and not line.startswith("#")]  # fmt: skip
+    script_keys = {line.split("=", 1)[0] for line in script.splitlines() if "=" in line}
+    for key in keys:  # the local client listener is SASL_PLAINTEXT, compose's is INTERNAL
+        assert key.replace("listener.name.sasl_plaintext.", "listener.name.internal.") in \
+            script_keys, key  # fmt: skip
+    for line in props.splitlines():
+        if line.startswith(("super.users=", "allow.everyone", "authorizer.class.name=")):
+            assert line in script.splitlines()
+    assert "--add-scram" in script and "/run/secrets/" in script
+    env = SERVICES["kafka"]["environment"]
+    assert f"1@kafka:{env['KAFKA_CONTROLLER_QUORUM_VOTERS'].rsplit(':', 1)[1]}" in script
+    assert SECURE_SERVICES["kafka"]["command"] == ["sh", "/etc/triage/kafka-secure.sh"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 from _core_factory import config, tenant
@@ -205,6 +206,6 @@ def test_retry_hints_queue_refused_requests_behind_each_other() -> None:
     hints = [core.submit(f"r{i}", "a", "m8", 400, 100, now=0.0)[0].retry_after_s
              for i in range(1, 5)]
     assert hints[0] is not None and math.isclose(hints[0], 5.0)  # its 500 tokens at 100/s
-    for before, after in zip(hints, hints[1:], strict=False):
+    for before, after in itertools.pairwise(hints):
         assert before is not None and after is not None
         assert math.isclose(after - before, 5.0)  # each needs its own 500 tokens after

@@ -16,6 +16,7 @@ from triage.cli.common import (
     load_or_exit,
     require_broker,
 )
+from triage.config import ConfigError
 from triage.config.checks import runnable_problem
 
 
@@ -76,6 +77,8 @@ def admission(
     # The app re-reads the file for added tenants only; a -b override stays in force.
     try:
         built = build_app(cfg, config_path=config, datadir=str(data), metrics_port=metrics_port)
+    except ConfigError as exc:  # e.g. kafka.security names an unset password variable
+        raise fail(str(exc), ExitCode.USAGE) from None
     except OSError as exc:  # the metrics port taken, an unwritable datadir
         raise fail(f"cannot start the admission app: {exc}", ExitCode.FAILED) from None
     worker = faust.Worker(built.app, loglevel=loglevel.value, quiet=True)

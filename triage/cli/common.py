@@ -74,13 +74,17 @@ def fail(
 def load_or_exit(
     path: Path | None, *, bootstrap: str | None = None, json_out: bool = False
 ) -> TriageConfig:
-    """Load the config (the shipped example when None), apply a --bootstrap override, or
-    exit 2 with the loader's message (it names the field)."""
+    """Load the config (the shipped example when None), apply a --bootstrap override and
+    declare its Kafka security settings (kafka.security) for every client this process
+    builds, or exit 2 with the loader's message (it names the field)."""
+    from triage.kafka.security import use_kafka_security
+
     try:
-        cfg = load_config(path)
+        cfg = with_bootstrap(load_config(path), bootstrap)
+        use_kafka_security(cfg.kafka)  # reads the password now, not at the first send
     except ConfigError as exc:
         raise fail(str(exc), ExitCode.USAGE, json_out=json_out) from None
-    return with_bootstrap(cfg, bootstrap)
+    return cfg
 
 
 def with_bootstrap(cfg: TriageConfig, bootstrap: str | None) -> TriageConfig:

@@ -33,6 +33,7 @@ from triage.cli.common import (
 )
 from triage.config import ConfigError, load_config
 from triage.config.models import PolicyConfig, TriageConfig
+from triage.kafka.security import use_kafka_security
 from triage.replay import (
     ReplayError,
     ReplayReport,
@@ -128,6 +129,8 @@ def replay_command(
         if since_ms is not None and until_ms is not None and since_ms > until_ms:
             raise ReplayError(f"--since ({_iso(since_ms)}) is after --until ({_iso(until_ms)})")
         config = with_bootstrap(load_config(config_file), bootstrap)
+        if from_file is None:
+            use_kafka_security(config.kafka)
         pol = policy_config(policy, base=config.policy) if policy else config.policy
     except (AuditError, ConfigError, PolicyNameError, ReplayError) as exc:
         raise fail(str(exc), EXIT_BAD_INPUT, json_out=json_out) from None

@@ -86,7 +86,7 @@ def worker(
     simulated=true). Stop with SIGTERM or Ctrl-C."""
     from triage.workers.worker import WorkerOptions, run_worker
 
-    cfg = load_or_exit(config)
+    cfg = load_or_exit(config, bootstrap=bootstrap)
     if cfg.pool_of_gpu(gpu) is None:
         known = ", ".join(cfg.all_gpus()) or "none"
         raise fail(f"--gpu: unknown GPU {gpu!r}; the config's pools have: {known}",

@@ -33,6 +33,7 @@ from triage.client.retry import RetryPlan, plan_retry
 from triage.client.router import ReplyRouter, Submission, UpdateCallback
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.security import librdkafka_settings
 from triage.topics.messages import InferenceRequest, Reply
 from triage.topics.names import TopicNames
 
@@ -60,8 +61,12 @@ class TriageClient:
         rng: random.Random | None = None,
         start_timeout_s: float = 10.0,
         producer_overrides: Mapping[str, Any] | None = None,
+        kafka_settings: Mapping[str, Any] | None = None,
     ) -> None:
+        """`kafka_settings`: librdkafka properties for both clients, such as the SASL/TLS
+        settings of this tenant's principal (from_config passes the config's)."""
         names = TopicNames(topic_prefix)
+        common = dict(kafka_settings or {})
         self.tenant = tenant
         self.request_topic = names.requests(tenant)
         self.reply_topic = names.replies(tenant)
@@ -69,14 +74,15 @@ class TriageClient:
         self.retry_policy = retry or RetryPolicy()
         self._rng = rng or random.Random()
         self._closed = False
-        self._producer = make_producer(bootstrap, **dict(producer_overrides or {}))
+        self._producer = make_producer(bootstrap, **{**common, **dict(producer_overrides or {})})
         consumer = make_consumer(
             bootstrap,
             # Never joins (assign, not subscribe) nor commits; unique so nothing is shared.
-            group_id=f"triage-client-{tenant}-{uuid.uuid4().hex[:12]}",
+            # "triage-client.<tenant>." is the tenant's group ACL prefix (kafka/acls.py).
+            group_id=f"triage-client.{tenant}.{uuid.uuid4().hex[:12]}",
             # Low fetch wait: a reply is latency. "latest" only matters if retention ever deletes
             # the assigned start offset; old replies are never what a waiter wants.
-            **{"fetch.wait.max.ms": 50, "auto.offset.reset": "latest"},
+            **{**common, "fetch.wait.max.ms": 50, "auto.offset.reset": "latest"},
         )
         self._router = ReplyRouter(
             consumer=consumer, topic=self.reply_topic, on_idle=lambda: self._producer.poll(0)
@@ -96,7 +102,7 @@ class TriageClient:
             bootstrap=config.kafka.bootstrap_servers,
             topic_prefix=config.kafka.topic_prefix,
             tenant=tenant,
-            **kwargs,
+            **{"kafka_settings": librdkafka_settings(config.kafka.security), **kwargs},
         )
 
     # -- one attempt -----------------------------------------------------------------

@@ -133,6 +133,12 @@ class ReplyRouter:
         except KafkaException as exc:
             raise ReplyTopicError(f"cannot read metadata of {self._topic}: {exc}") from exc
         tmd = md.topics.get(self._topic)
+        if tmd is not None and tmd.error is not None and \
+                tmd.error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:  # fmt: skip
+            raise ReplyTopicError(
+                f"this principal may not read reply topic {self._topic}: kafka.security must "
+                "name the tenant's own user (docs/security.md)"
+            )
         if tmd is None or tmd.error is not None or not tmd.partitions:
             why = tmd.error.str() if tmd is not None and tmd.error is not None else "no partitions"
             raise ReplyTopicError(

@@ -19,6 +19,7 @@ from triage.config.models import (
     TriageConfig,
     WorkerConfig,
 )
+from triage.config.security import KafkaSecurityConfig
 
 __all__ = [
     "DTYPE_BYTES",
@@ -29,6 +30,7 @@ __all__ = [
     "GpuTypeConfig",
     "HysteresisConfig",
     "KafkaConfig",
+    "KafkaSecurityConfig",
     "MetricsConfig",
     "ModelConfig",
     "PolicyConfig",

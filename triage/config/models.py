@@ -12,6 +12,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from triage.config.security import KafkaSecurityConfig
+
 Name = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9][a-z0-9_-]*$")]
 GpuId = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]*$")]
 ModelName = Annotated[
@@ -260,6 +262,10 @@ class KafkaConfig(StrictModel):
     replication_factor: Annotated[int, Field(ge=1)] = 1
     decisions_retention_ms: Annotated[int, Field(ge=-1)] = 30 * 24 * 3600 * 1000
     default_retention_ms: Annotated[int, Field(ge=-1)] = 7 * 24 * 3600 * 1000
+    security: KafkaSecurityConfig = Field(
+        default_factory=KafkaSecurityConfig,
+        description="Authentication and TLS of every client (PLAINTEXT by default).",
+    )
 
 
 class MetricsConfig(StrictModel):

@@ -3,7 +3,9 @@
 Producers are idempotent with acks=all and a short linger so Kafka batches;
 consumers commit after processing (enable.auto.commit is off). Every client is
 built by `client_config`, which routes librdkafka's own log lines (``%3|...|FAIL|``
-on stderr by default) through Python logging: at WARNING, once per cause.
+on stderr by default) through Python logging (at WARNING, once per cause) and adds
+the security settings its process declared for the bootstrap address
+(triage/kafka/security.py: SASL/TLS); explicit overrides win over them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient
+
+from triage.kafka.security import registered_settings
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +99,10 @@ KAFKA_LOG = LibrdkafkaLog(logging.getLogger(LIBRDKAFKA_LOGGER))
 
 
 def client_config(bootstrap: str, *defaults: dict[str, Any], **overrides: Any) -> dict[str, Any]:
-    """The one place every client's settings are put together: bootstrap, the kind's
-    defaults, the caller's overrides, and the log routing."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap}
+    """The one place every client's settings are put together: bootstrap, the security
+    settings declared for it, the kind's defaults, the caller's overrides, and the log
+    routing."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, **registered_settings(bootstrap)}
     for d in defaults:
         conf.update(d)
     conf.update(overrides)
@@ -118,10 +123,10 @@ def make_admin(bootstrap: str, **overrides: Any) -> AdminClient:
     return AdminClient(client_config(bootstrap, **overrides))
 
 
-def broker_reachable(bootstrap: str, timeout_s: float = 2.0) -> bool:
+def broker_reachable(bootstrap: str, timeout_s: float = 2.0, **overrides: Any) -> bool:
     """True when a metadata request succeeds: an open port is not enough."""
     try:
-        md = make_admin(bootstrap).list_topics(timeout=timeout_s)
+        md = make_admin(bootstrap, **overrides).list_topics(timeout=timeout_s)
     except Exception as exc:  # confluent_kafka raises KafkaException on timeout
         log.debug("metadata request to %s failed: %s", bootstrap, exc)
         return False

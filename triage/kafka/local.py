@@ -5,14 +5,15 @@ There is no Docker engine on our machines, so the broker is Apache Kafka's own
 the repository (ops/kafka/pom.xml). Everything here is idempotent: `install`
 runs Maven once, storage is formatted once, `start` on a running broker
 returns at once, and a pid file left by a dead broker is cleaned up.
+
+A data dir is formatted either plaintext (the default) or secured (SASL/SCRAM and
+ACLs, triage/kafka/secure.py); it keeps that mode for good.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import fcntl
-import hashlib
 import logging
 import os
 import shlex
@@ -23,87 +24,52 @@ import string
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 
+from triage.config.models import TriageConfig
 from triage.kafka.clients import broker_reachable
+from triage.kafka.jars import (  # re-exported: KAFKA_VERSION, kafka_home
+    KAFKA_VERSION,
+    OPS_DIR,
+    REPO_ROOT,
+    install_jars,
+    jars_installed,
+    kafka_home,
+    locked,
+    require_tool,
+)
+from triage.kafka.local_types import (
+    BrokerStartError,
+    BrokerStatus,
+    ForeignBrokerError,
+    LocalBrokerError,
+    PortInUseError,
+    StartResult,
+    ToolMissingError,
+)
+from triage.kafka.secure import (
+    CredentialStore,
+    ProvisionResult,
+    broker_security_properties,
+    format_scram_args,
+    provision,
+)
+from triage.topics.names import TopicNames
+
+__all__ = [
+    "DEFAULT_HEAP", "DEFAULT_PORT", "KAFKA_VERSION", "BrokerStartError", "BrokerStatus",
+    "ForeignBrokerError", "LocalBroker", "LocalBrokerError", "PortInUseError", "StartResult",
+    "ToolMissingError", "default_data_dir", "kafka_home", "port_open",
+]
 
 log = logging.getLogger(__name__)
 
-KAFKA_VERSION = "3.9.1"  # keep in sync with ops/kafka/pom.xml
 DEFAULT_PORT = 9092
 DEFAULT_HEAP = "-Xms512m -Xmx1g"  # enough for tests and the demo on a 2-core, 24 GB machine
-OPS_DIR = Path(__file__).resolve().parents[2] / "ops" / "kafka"
-_KAFKA_JAR = f"kafka_2.13-{KAFKA_VERSION}.jar"
 _MAIN_CLASS = "kafka.Kafka"
-
-
-class LocalBrokerError(RuntimeError):
-    """The local broker could not be installed, started or stopped."""
-
-
-class ToolMissingError(LocalBrokerError):
-    """java or mvn is not installed."""
-
-
-class PortInUseError(LocalBrokerError):
-    """Something that is not a Kafka broker listens on one of our ports."""
-
-
-class ForeignBrokerError(LocalBrokerError):
-    """A Kafka broker that triage did not start already serves the port."""
-
-    def __init__(self, bootstrap: str) -> None:
-        super().__init__(
-            f"a Kafka broker that triage did not start already answers on {bootstrap}; "
-            "triage leaves it alone (use it, stop it yourself, or pick another --port)"
-        )
-        self.bootstrap = bootstrap
-
-
-class BrokerStartError(LocalBrokerError):
-    """The broker process exited or never answered a metadata request."""
-
-
-@dataclass(frozen=True, slots=True)
-class BrokerStatus:
-    """What `triage kafka status` reports."""
-
-    bootstrap: str  # host:port clients connect to
-    port: int
-    controller_port: int
-    pid: int | None  # pid of the broker we started, None when ours is not running
-    managed: bool  # True when the broker on the port is the one we started
-    reachable: bool  # a metadata request succeeded (an open port is not enough)
-    version: str | None  # Kafka version of our broker; None for a foreign one
-    data_dir: str
-    log_path: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True, slots=True)
-class StartResult:
-    """What `start` did, and how long the broker took to answer."""
-
-    status: BrokerStatus
-    started: bool  # False when it was already running (nothing was done)
-    formatted: bool  # storage was formatted on this start (first run of a data dir)
-    ready_s: float  # launch to first answered metadata request (0 when not started)
-    total_s: float  # including install and storage format
-
-
-def kafka_home() -> Path:
-    """Where the jars live: $TRIAGE_KAFKA_HOME, else ~/.cache/triage/kafka/<version>."""
-    env = os.environ.get("TRIAGE_KAFKA_HOME")
-    if env:
-        return Path(env).expanduser()
-    return Path.home() / ".cache" / "triage" / "kafka" / KAFKA_VERSION
 
 
 def default_data_dir(port: int) -> Path:
@@ -119,32 +85,13 @@ def port_open(port: int, host: str = "127.0.0.1", timeout_s: float = 0.5) -> boo
         return False
 
 
-def _require(tool: str, hint: str) -> str:
-    path = shutil.which(tool)
-    if path is None:
-        raise ToolMissingError(f"{tool} not found on PATH: {hint}")
-    return path
-
-
 def _java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     if java_home and (Path(java_home) / "bin" / "java").is_file():
         return str(Path(java_home) / "bin" / "java")
-    return _require(
+    return require_tool(
         "java", "install a JDK or JRE 17 (e.g. apt-get install openjdk-17-jre-headless)"
     )
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """An exclusive advisory lock, so two `up` calls do not race."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def _tail(path: Path, lines: int = 25) -> str:
@@ -167,7 +114,10 @@ class LocalBroker:
         heap_opts: str = DEFAULT_HEAP,
         home: str | Path | None = None,
         ready_timeout_s: float = 90.0,
+        secure: bool | None = None,
     ) -> None:
+        """`secure`: True formats a new data dir secured, False plaintext; None (default)
+        takes the mode the data dir was formatted with (plaintext for a new one)."""
         self.port = port
         self.controller_port = controller_port if controller_port is not None else port + 1
         for what, value in (("port", self.port), ("controller port", self.controller_port)):
@@ -177,6 +127,7 @@ class LocalBroker:
         self.heap_opts = heap_opts
         self.home = Path(home).expanduser() if home else kafka_home()
         self.ready_timeout_s = ready_timeout_s
+        self._secure_wanted = secure
 
     # --- paths ---------------------------------------------------------------
 
@@ -208,42 +159,68 @@ class LocalBroker:
     def _log_dirs(self) -> Path:
         return self.data_dir / "kraft-logs"
 
+    @property
+    def _mode_file(self) -> Path:
+        return self.data_dir / "security.mode"
+
+    @property
+    def credentials(self) -> CredentialStore:
+        """Passwords of a secured broker's principals (under the data dir)."""
+        return CredentialStore(self.data_dir, self.bootstrap)
+
+    # --- security mode ---------------------------------------------------------
+
+    def _formatted_mode(self) -> str | None:
+        """The mode a formatted data dir has (secure, plaintext); None before the first format."""
+        if not (self._log_dirs / "meta.properties").is_file():
+            return None
+        try:
+            return self._mode_file.read_text().strip() or "plaintext"
+        except OSError:
+            return "plaintext"  # formatted before secured mode existed
+
+    @property
+    def secure(self) -> bool:
+        mode = self._formatted_mode()
+        if mode is not None:
+            return mode == "secure"
+        return bool(self._secure_wanted)
+
+    def _check_mode(self) -> None:
+        mode = self._formatted_mode()
+        if mode is None or self._secure_wanted is None:
+            return
+        if (mode == "secure") != self._secure_wanted:
+            want = "--secure" if self._secure_wanted else "plaintext"
+            raise LocalBrokerError(
+                f"{self.data_dir} was formatted {mode}; it cannot start {want} (use another "
+                "--port or --data-dir, or delete that data dir)"
+            )
+        if self._secure_wanted and self.data_dir.resolve().is_relative_to(REPO_ROOT):
+            raise LocalBrokerError("a secured broker's data dir holds its credentials and must "
+                                   f"be outside the repository, not {self.data_dir}")
+
+    def client_settings(self) -> dict[str, Any]:
+        """What a client needs to reach this broker as its operator (admin when secured)."""
+        return self.credentials.settings("admin") if self.secure else {}
+
+    def _reachable(self, timeout_s: float) -> bool:
+        return broker_reachable(self.bootstrap, timeout_s=timeout_s, **self.client_settings())
+
+    def provision(self, config: TriageConfig, names: TopicNames | None = None) -> ProvisionResult:
+        """Users and ACLs for `config` on this secured broker (idempotent)."""
+        if not self.secure:
+            raise LocalBrokerError(f"the broker on {self.bootstrap} is not secured (--secure)")
+        return provision(self.credentials, config, names)
+
     # --- install -------------------------------------------------------------
 
     def installed(self) -> bool:
-        marker = self.home / ".installed"
-        return (
-            (self.lib_dir / _KAFKA_JAR).is_file()
-            and marker.is_file()
-            and marker.read_text().strip() == _pom_digest()
-        )
+        return jars_installed(self.home)
 
     def install(self, *, force: bool = False) -> bool:
         """Copy Kafka's runtime jars from Maven into the cache; True when Maven ran."""
-        pom = OPS_DIR / "pom.xml"
-        if not pom.is_file():
-            raise LocalBrokerError(f"{pom} not found: the local broker needs a source checkout")
-        with _locked(self.home / ".lock"):
-            if self.installed() and not force:
-                return False
-            mvn = _require("mvn", "install Apache Maven 3.8+ (e.g. apt-get install maven)")
-            staging = self.home / f"lib.tmp-{os.getpid()}"
-            shutil.rmtree(staging, ignore_errors=True)
-            cmd = [
-                mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
-                "dependency:copy-dependencies", "-DincludeScope=runtime",
-                f"-DoutputDirectory={staging}",
-            ]  # fmt: skip
-            log.info("resolving Kafka %s with Maven into %s", KAFKA_VERSION, self.lib_dir)
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False)
-            if proc.returncode != 0 or not (staging / _KAFKA_JAR).is_file():
-                shutil.rmtree(staging, ignore_errors=True)
-                out = "\n".join((proc.stdout + proc.stderr).splitlines()[-30:])
-                raise LocalBrokerError(f"Maven could not resolve Kafka {KAFKA_VERSION}:\n{out}")
-            shutil.rmtree(self.lib_dir, ignore_errors=True)
-            staging.rename(self.lib_dir)
-            (self.home / ".installed").write_text(_pom_digest() + "\n")
-            return True
+        return install_jars(self.home, force=force)
 
     # --- status --------------------------------------------------------------
 
@@ -261,7 +238,8 @@ class LocalBroker:
 
     def status(self) -> BrokerStatus:
         pid = self._our_pid()
-        reachable = port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=3.0)
+        secure = self.secure
+        reachable = port_open(self.port) and self._reachable(3.0)
         return BrokerStatus(
             bootstrap=self.bootstrap,
             port=self.port,
@@ -272,6 +250,8 @@ class LocalBroker:
             version=KAFKA_VERSION if pid is not None else None,
             data_dir=str(self.data_dir),
             log_path=str(self.log_path),
+            secure=secure,
+            credentials=str(self.credentials.index) if secure else None,
         )
 
     # --- start ---------------------------------------------------------------
@@ -281,11 +261,12 @@ class LocalBroker:
         t0 = time.monotonic()
         fresh = not self.data_dir.exists()
         try:
-            with _locked(self.data_dir / ".lock"):
+            with locked(self.data_dir / ".lock"):
                 pid = self._our_pid()
                 if pid is not None:  # ours runs already (maybe still starting): wait for it
                     self._wait_ready(pid, time.monotonic())
                     return StartResult(self.status(), False, False, 0.0, time.monotonic() - t0)
+                self._check_mode()
                 self._check_ports_free()
                 java = _java()
                 self.install()
@@ -315,27 +296,37 @@ class LocalBroker:
 
     def _write_properties(self) -> None:
         template = string.Template((OPS_DIR / "server.properties.template").read_text())
-        text = template.substitute(
-            port=self.port, controller_port=self.controller_port, log_dirs=self._log_dirs
-        )
+        secure = self.secure
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self._server_properties.write_text(text)
+        text = template.substitute(
+            port=self.port, controller_port=self.controller_port, log_dirs=self._log_dirs,
+            listener="SASL_PLAINTEXT" if secure else "PLAINTEXT",
+            security=broker_security_properties(self.credentials) if secure else "",
+        )
+        # Secured, it holds the admin and controller passwords: private from the start.
+        fd = os.open(self._server_properties, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.chmod(self._server_properties, 0o600)
 
     def _format_once(self, java: str) -> bool:
         """Format KRaft storage unless this data dir already has it."""
         if (self._log_dirs / "meta.properties").is_file():
             return False
         cluster_id = _random_cluster_id()
+        secure = self.secure
         cmd = [
             java, *self._jvm_opts(heap="-Xmx256m"), "-cp", str(self.lib_dir / "*"),
             "kafka.tools.StorageTool", "format", "-t", cluster_id,
             "-c", str(self._server_properties), "--ignore-formatted",
+            *(format_scram_args(self.credentials) if secure else []),
         ]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
         if proc.returncode != 0:
             raise BrokerStartError(
                 f"formatting {self._log_dirs} failed:\n{proc.stdout}{proc.stderr}"
             )
+        self._mode_file.write_text("secure\n" if secure else "plaintext\n")
         log.info("formatted KRaft storage in %s (cluster id %s)", self._log_dirs, cluster_id)
         return True
 
@@ -378,7 +369,7 @@ class LocalBroker:
                     f"the broker (pid {pid}) exited during start-up; last lines of "
                     f"{self.log_path}:\n{_tail(self.log_path)}\n{_tail(self._stdout_path)}"
                 )
-            if port_open(self.port) and broker_reachable(self.bootstrap, timeout_s=2.0):
+            if port_open(self.port) and self._reachable(2.0):
                 return time.monotonic() - since
             if time.monotonic() > deadline:
                 raise BrokerStartError(
@@ -391,7 +382,7 @@ class LocalBroker:
 
     def stop(self, *, timeout_s: float = 30.0) -> bool:
         """SIGTERM our broker, wait, SIGKILL if it lingers; False when ours was not running."""
-        with _locked(self.data_dir / ".lock"):
+        with locked(self.data_dir / ".lock"):
             pid = self._our_pid()
             if pid is None:
                 return False
@@ -434,7 +425,3 @@ def _random_cluster_id() -> str:
         cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         if not cid.startswith("-"):
             return cid
-
-
-def _pom_digest() -> str:
-    return hashlib.sha256((OPS_DIR / "pom.xml").read_bytes()).hexdigest()

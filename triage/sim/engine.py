@@ -348,7 +348,7 @@ class Simulator:
         except EngineQueueFullError as exc:  # the engine refuses it: a rejection
             del self._by_key[key]
             lv.gpu = None
-            lv.stats.reject("queue_full")
+            lv.stats.reject("queue_full", now, None)
             self._end(lv)
             decisions.extend(self.core.complete(
                 pool=lv.pool, request_id=lv.rid, attempt=d.attempt, ok=False, output_tokens=0,

@@ -32,6 +32,7 @@ from triage.config.checks import runnable_problem
 from triage.config.load import load_config
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
+from triage.kafka.security import faust_credentials, use_kafka_security
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import KafkaOutbox
 from triage.streams.service import AdmissionService
@@ -91,6 +92,7 @@ def build_app(
     if problem is not None:
         raise ValueError(problem)
     names = TopicNames(k.topic_prefix)
+    use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
     outbox = KafkaOutbox(k.bootstrap_servers)
     _short_fetch_wait()
@@ -98,6 +100,7 @@ def build_app(
     app = faust.App(
         f"{names.prefix}.app.{config.admission.app_id}",
         broker=f"kafka://{k.bootstrap_servers}",
+        broker_credentials=faust_credentials(k.security),
         store="rocksdb://",
         datadir=datadir or config.admission.datadir,
         topic_partitions=1,

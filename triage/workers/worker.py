@@ -28,6 +28,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.security import use_kafka_security
 from triage.topics.messages import (
     Completion,
     CompletionStatus,
@@ -91,6 +92,7 @@ class Worker:
         self.backend = backend
         self.options = opts = options or WorkerOptions()
         self.bootstrap = opts.bootstrap or config.kafka.bootstrap_servers
+        use_kafka_security(config.kafka, bootstrap=self.bootstrap)  # SASL/TLS, if configured
         self.topics = opts.topics or TopicNames(config.kafka.topic_prefix)
         self.metrics = WorkerMetrics(gpu_id)
         self.metrics_port: int | None = None
@@ -304,7 +306,8 @@ class Worker:
             gpu_type=self.pool.gpu_type, status=status, prompt_tokens=item.prompt_tokens,
             output_tokens=max(0, r.output_tokens), max_tokens=item.max_tokens,
             prefill_s=max(0.0, r.prefill_s), decode_s=max(0.0, r.decode_s),
-            queue_s=max(0.0, r.queue_s), mean_concurrency=max(0.0, r.mean_concurrency), started_at_ms=r.started_at_ms,
+            queue_s=max(0.0, r.queue_s), mean_concurrency=max(0.0, r.mean_concurrency),
+            started_at_ms=r.started_at_ms,
             finished_at_ms=max(r.started_at_ms, r.finished_at_ms), error=error, text=r.text,
         )  # fmt: skip
         assert self._producer is not None
