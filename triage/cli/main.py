@@ -12,6 +12,7 @@ from triage.cli import (
     bench_cmd,
     demo_cmd,
     experiments_cmd,
+    gateway_cmd,
     kafka_cmd,
     replay_cmd,
     schema_cmd,
@@ -38,7 +39,7 @@ app.add_typer(topics_cmd.app, name="topics")
 app.add_typer(bench_cmd.app, name="bench")
 for module in (
     schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd, replay_cmd,
-    experiments_cmd,
+    experiments_cmd, gateway_cmd,
 ):
     module.register(app)
 
