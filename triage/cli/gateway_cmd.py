@@ -6,6 +6,7 @@ Exit status: 0 after a clean stop, 2 for bad input (config, keys, port).
 from __future__ import annotations
 
 import logging
+import signal
 from pathlib import Path
 
 import typer
@@ -78,6 +79,10 @@ def gateway(
     ))  # fmt: skip
     log.info("gateway for %d key(s) of %d tenant(s) on http://%s:%d", len(store),
              len(store.tenants()), host or g.host, g.port if port is None else port)  # fmt: skip
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
+    # handler that was there before it: make that a no-op, so a clean stop exits 0.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: None)
     server.run()
     if not server.started:  # uvicorn logged why (e.g. the port is taken)
         raise typer.Exit(EXIT_BAD_INPUT)
