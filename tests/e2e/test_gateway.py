@@ -175,6 +175,7 @@ def test_quota_refusal_is_429_with_retry_after(stack: Stack) -> None:
     assert resp.headers["x-ratelimit-reset-tokens"].endswith("s")
     err = resp.json()["error"]
     assert err["type"] == "rate_limit_exceeded" and err["code"] == "tenant_quota_exceeded"
+    assert resp.headers["x-request-id"].startswith("cmpl-")
 
 
 def test_invalid_request_is_400_with_the_reason(stack: Stack) -> None:

@@ -21,9 +21,8 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
@@ -44,18 +43,15 @@ from triage.gateway.replies import (
     Shape,
     auth_error,
     bad_request,
-    chunk_body,
     completion_body,
     error_for,
-    finish_reason,
     timeout_error,
     unavailable,
-    usage,
 )
 from triage.gateway.schema import ChatBody, CompletionBody, estimate_chat_tokens, estimate_tokens
+from triage.gateway.sse import sse_events
 from triage.kafka.clients import broker_reachable
 from triage.topics.messages import InferenceRequest, Reply
-from triage.topics.reasons import ReplyStatus
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +60,11 @@ TIMEOUT_MARGIN_S = 10.0  # beyond the tenant's SLA and queue wait, for the defau
 Body = CompletionBody | ChatBody
 
 
-def error_response(err: HttpError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def error_response(err: HttpError, request_id: str | None = None) -> JSONResponse:
+    headers = dict(err.headers)
+    if request_id is not None:
+        headers["x-request-id"] = request_id
+    return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
 
 def _first_error(exc: ValidationError) -> tuple[str, str | None]:
@@ -218,8 +217,8 @@ class Gateway:
         try:
             client = await self.client_for(name)
         except ClientError as exc:
-            return self._count(error_response(unavailable(f"cannot reach triage: {exc}")),
-                               name, endpoint, t0)  # fmt: skip
+            return self._count(error_response(unavailable(f"cannot reach triage: {exc}"),
+                                              shape.id), name, endpoint, t0)  # fmt: skip
         timeout = self.reply_timeout_s(tenant)
         if body.stream:
             return await self._streamed(client, tenant, req, shape, body, timeout, t0)
@@ -229,16 +228,17 @@ class Gateway:
             final = await self._terminal(aiter_updates(client, req, timeout))
         except ReplyTimeoutError:
             err = timeout_error(req.request_id, timeout, self.config.gateway.timeout_retry_after_s)
-            return self._count(error_response(err), name, endpoint, t0)
+            return self._count(error_response(err, shape.id), name, endpoint, t0)
         except ClientError as exc:
             if isinstance(exc, ClientClosedError):
                 self._evict(name, client)
-            return self._count(error_response(unavailable(str(exc))), name, endpoint, t0)
+            return self._count(error_response(unavailable(str(exc)), shape.id), name,
+                               endpoint, t0)  # fmt: skip
         finally:
             gauge.dec()
         problem = error_for(final, rate_tokens_per_s=tenant.rate_tokens_per_s)
         if problem is not None:
-            return self._count(error_response(problem), name, endpoint, t0)
+            return self._count(error_response(problem, shape.id), name, endpoint, t0)
         resp = JSONResponse(completion_body(shape, final), headers={"x-request-id": shape.id})
         return self._count(resp, name, endpoint, t0)
 
@@ -270,75 +270,26 @@ class Gateway:
         except ReplyTimeoutError:
             await updates.aclose()
             err = timeout_error(req.request_id, timeout, self.config.gateway.timeout_retry_after_s)
-            return self._count(error_response(err), tenant.name, endpoint, t0)
+            return self._count(error_response(err, shape.id), tenant.name, endpoint, t0)
         except (ClientError, StopAsyncIteration) as exc:
             await updates.aclose()
             if isinstance(exc, ClientClosedError):
                 self._evict(tenant.name, client)
-            return self._count(error_response(unavailable(str(exc))), tenant.name, endpoint, t0)
+            return self._count(error_response(unavailable(str(exc)), shape.id), tenant.name,
+                               endpoint, t0)  # fmt: skip
         if terminal is not None:
             problem = error_for(terminal, rate_tokens_per_s=tenant.rate_tokens_per_s)
             if problem is not None:
                 await updates.aclose()
-                return self._count(error_response(problem), tenant.name, endpoint, t0)
-        events = self._events(updates, asm, first, terminal, shape, body, tenant.name, t0)
+                return self._count(error_response(problem, shape.id), tenant.name, endpoint,
+                                   t0)  # fmt: skip
+        events = sse_events(updates, asm, first, terminal, shape, include_usage=body.include_usage,
+                            metrics=self.metrics, tenant=tenant.name, t0=t0)
         resp = StreamingResponse(
             events, media_type="text/event-stream",
             headers={"x-request-id": shape.id, "Cache-Control": "no-cache"},
         )  # fmt: skip
         return self._count(resp, tenant.name, endpoint, t0, done=False)
-
-    async def _events(
-        self, updates: AsyncGenerator[Reply, None], asm: StreamAssembler, first: list[str],
-        terminal: Reply | None, shape: Shape, body: Body, tenant: str, t0: float,
-    ) -> AsyncIterator[bytes]:
-        """The SSE body: a role chunk (chat), text chunks, the finish, usage, [DONE]."""
-        endpoint = "chat" if shape.chat else "completions"
-        gauge = self.metrics.in_flight.labels(tenant)
-        gauge.inc()
-        try:
-            if shape.chat:
-                yield _sse(chunk_body(shape, role=True, text=""))
-            if first:
-                self.metrics.ttft.labels(tenant, shape.model).observe(time.monotonic() - t0)
-                yield _sse(chunk_body(shape, text="".join(first)))
-            while terminal is None:
-                try:
-                    reply = await updates.__anext__()
-                except ReplyTimeoutError as exc:
-                    yield _sse(timeout_error(exc.request_id, exc.timeout_s, 1).body())
-                    yield b"data: [DONE]\n\n"
-                    return
-                except ClientError as exc:
-                    yield _sse(unavailable(str(exc)).body())
-                    yield b"data: [DONE]\n\n"
-                    return
-                pieces = asm.feed(reply)
-                if pieces:
-                    if asm.tokens == len(pieces):
-                        self.metrics.ttft.labels(tenant, shape.model).observe(
-                            time.monotonic() - t0)
-                    yield _sse(chunk_body(shape, text="".join(pieces)))
-                if reply.terminal:
-                    terminal = reply
-            if terminal.status is not ReplyStatus.COMPLETED:
-                problem = error_for(terminal)
-                if problem is not None:
-                    yield _sse(problem.body())
-                yield b"data: [DONE]\n\n"
-                return
-            if asm.tokens == 0 and terminal.text:  # nothing was streamed (e.g. no chunks)
-                yield _sse(chunk_body(shape, text=terminal.text))
-            yield _sse(chunk_body(shape, finish=finish_reason(terminal.output_tokens,
-                                                              shape.max_tokens)))  # fmt: skip
-            if body.include_usage:
-                yield _sse(chunk_body(shape, usage_of=usage(shape.prompt_tokens,
-                                                            terminal.output_tokens)))  # fmt: skip
-            yield b"data: [DONE]\n\n"
-        finally:
-            gauge.dec()
-            await updates.aclose()
-            self.metrics.latency.labels(tenant, endpoint).observe(time.monotonic() - t0)
 
     def _count(
         self, resp: Response, tenant: str, endpoint: str, t0: float, *, done: bool = True
@@ -361,10 +312,6 @@ class Gateway:
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "triage"}
                 for m in allowed]  # fmt: skip
         return JSONResponse({"object": "list", "data": data})
-
-
-def _sse(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
 
 
 def create_app(gateway: Gateway) -> Starlette:
