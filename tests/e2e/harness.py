@@ -26,6 +26,7 @@ def free_port() -> int:
 def fast_config(
     bootstrap: str, names: TopicNames, tmp: Path, *, tenants: list[dict[str, Any]],
     gpus: int = 2, kv_budget_gib: float = 40.0, policy: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None,
 ) -> TriageConfig:
     """A small pool whose simulated GPUs are quick in wall time (tests do not wait long)."""
     data: dict[str, Any] = {
@@ -42,7 +43,7 @@ def fast_config(
         "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix},
         "metrics": {"admission_port": free_port(), "worker_port_base": _free_run(gpus)},
         "admission": {"datadir": str(tmp / "admission-data")},
-        "worker": {"heartbeat_s": 0.5},
+        "worker": {"heartbeat_s": 0.5, **(worker or {})},
     }
     cfg = TriageConfig.model_validate(data)
     (tmp / "triage.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))

@@ -32,6 +32,7 @@ from pydantic_core import PydanticUndefined
 
 import triage.cli.main as cli_main
 from triage.config import EXAMPLE_CONFIG, TriageConfig, load_config
+from triage.gateway.metrics import GatewayMetrics
 from triage.streams.metrics import AdmissionMetrics
 from triage.topics.admin import topic_layout
 from triage.topics.names import TopicKind, TopicNames
@@ -85,10 +86,12 @@ def _metrics_of(owner: object, process: str) -> list[Metric]:
 
 
 def _registries() -> list[tuple[str, object, CollectorRegistry]]:
-    """(process, metrics object, its fresh registry) for the admission app and a worker."""
-    a, w = CollectorRegistry(), CollectorRegistry()
+    """(process, metrics object, its fresh registry) for the admission app, a worker and
+    the gateway."""
+    a, w, g = CollectorRegistry(), CollectorRegistry(), CollectorRegistry()
     return [("admission", AdmissionMetrics(a), a),
-            ("worker", WorkerMetrics("gpu-0", registry=w), w)]  # fmt: skip
+            ("worker", WorkerMetrics("gpu-0", registry=w), w),
+            ("gateway", GatewayMetrics(g), g)]  # fmt: skip
 
 
 def registered_metrics() -> dict[str, Metric]:

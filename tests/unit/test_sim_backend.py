@@ -9,7 +9,7 @@ import pytest
 from triage.config import TriageConfig
 from triage.topics.messages import WorkItem
 from triage.workers.backends.base import AttemptStatus
-from triage.workers.backends.sim import SimBackend, sim_output_tokens
+from triage.workers.backends.sim import SimBackend, sim_output_tokens, synthetic_tokens
 
 
 def item(rid: str, *, out: int | None = 20, prompt: int = 1000, max_tokens: int = 100) -> WorkItem:
@@ -88,3 +88,53 @@ def test_what_never_fits_fails_with_a_reason(triage_config: TriageConfig) -> Non
 
     r = run(go())
     assert r.status is AttemptStatus.FAILED and "budget" in (r.error or "")  # type: ignore[attr-defined]
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def tokens(self, pieces: object) -> None:
+        self.calls.append(list(pieces))  # type: ignore[call-overload]
+
+
+def test_streams_synthetic_tokens_as_the_model_generates_them(
+    triage_config: TriageConfig,
+) -> None:
+    """200 tokens at 12 ms each (simulated) take ~0.24 s of wall time at scale 0.1: the
+    sink hears of them over several polls, in order, and the text is the request's."""
+
+    async def go() -> object:
+        b = SimBackend(config=triage_config, gpu_id="gpu-0", time_scale=0.1, noise=0.0,
+                       stream_poll_s=0.01)  # fmt: skip
+        await b.start()
+        try:
+            return await b.run(item("s", out=200, prompt=100, max_tokens=200), sink)
+        finally:
+            await b.close()
+
+    sink = _Sink()
+    r = run(go())
+    assert r.status is AttemptStatus.COMPLETED and r.output_tokens == 200  # type: ignore[attr-defined]
+    pieces = [p for call in sink.calls for p in call]
+    assert pieces == synthetic_tokens("s", 0, 200)
+    assert len(sink.calls) >= 3  # streamed, not handed over at the end in one call
+    assert r.text == "".join(pieces)  # type: ignore[attr-defined]
+    assert r.first_token_at_ms is not None  # type: ignore[attr-defined]
+
+
+def test_text_only_when_asked_for(triage_config: TriageConfig) -> None:
+    async def go(work: WorkItem) -> object:
+        b = SimBackend(config=triage_config, gpu_id="gpu-0", time_scale=0.001, noise=0.0)
+        await b.start()
+        try:
+            return await b.run(work)
+        finally:
+            await b.close()
+
+    bare = run(go(item("t", out=5)))
+    assert bare.text is None  # type: ignore[attr-defined]
+    prompted = run(go(item("t", out=5).model_copy(update={"prompt": "hello"})))
+    assert prompted.text == "".join(synthetic_tokens("t", 0, 5))  # type: ignore[attr-defined]
+    assert synthetic_tokens("t", 2, 5) == synthetic_tokens("t", 0, 5)[2:]
+    assert synthetic_tokens("t", 0, 5) != synthetic_tokens("u", 0, 5)

@@ -13,6 +13,7 @@ from triage.cli import (
     config_cmd,
     demo_cmd,
     experiments_cmd,
+    gateway_cmd,
     kafka_cmd,
     replay_cmd,
     schema_cmd,
@@ -42,7 +43,7 @@ app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(config_cmd.app, name="config")
 for module in (
     schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd, replay_cmd,
-    experiments_cmd,
+    experiments_cmd, gateway_cmd,
 ):
     module.register(app)
 

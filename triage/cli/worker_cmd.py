@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from enum import StrEnum
 from pathlib import Path
 
@@ -35,7 +36,9 @@ def worker(
         BackendKind.SIM,
         "--backend",
         help="sim: a continuous-batching timing model of the GPU. openai: stream from an "
-        "OpenAI-compatible /v1/completions server (vLLM, llama.cpp).",
+        "OpenAI-compatible server (vLLM, llama.cpp): /v1/completions, /v1/chat/completions "
+        "for chat prompts; API key from $OPENAI_API_KEY (worker.openai_api_key_env); engine "
+        "load from its /metrics.",
     ),
     config: Path | None = config_option("triage.yaml (default: the shipped example)."),
     openai_url: str | None = typer.Option(
@@ -119,8 +122,15 @@ def _backend(
 
         return SimBackend(config=cfg, gpu_id=gpu, time_scale=time_scale, noise=sim_noise)
     from triage.workers.backends.openai import OpenAIBackend
+    from triage.workers.backends.vllm_metrics import metrics_url_for
 
+    w = cfg.worker
+    base = openai_url or w.openai_base_url
+    metrics = w.openai_metrics_url if w.openai_metrics_url is not None else metrics_url_for(base)
     return OpenAIBackend(
-        base_url=openai_url or cfg.worker.openai_base_url,
-        model_map=dict(cfg.worker.openai_model_map),
+        base_url=base,
+        model_map=dict(w.openai_model_map),
+        api_key=os.environ.get(w.openai_api_key_env) or None,
+        metrics_url=metrics or None,
+        metrics_interval_s=w.openai_metrics_s,
     )

@@ -4,7 +4,8 @@ One producer and one reply-reader thread per client. ``send`` is the primitive
 (non-blocking, returns a Submission); ``submit`` waits for the terminal reply;
 ``submit_with_retry`` honours the server's ``retry_after_ms``; ``run_batch``
 keeps a bounded number of requests outstanding. ``asubmit`` and friends are the
-same for asyncio code.
+same for asyncio code. ``updates``/``aupdates`` yield every reply of one request, and
+``stream``/``astream`` its generated text as the worker streams it.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from triage.client.errors import (
 )
 from triage.client.retry import RetryPlan, plan_retry
 from triage.client.router import ReplyRouter, Submission, UpdateCallback
+from triage.client.updates import AsyncTextStream, TextStream, aiter_updates, iter_updates
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.security import librdkafka_settings
@@ -164,6 +166,34 @@ class TriageClient:
             return sub.result(self._timeout(timeout_s))
         finally:
             self._router.forget(sub.request_id)
+
+    # -- every reply, and streamed text ---------------------------------------------
+
+    def updates(
+        self, request: InferenceRequest, *, timeout_s: float | None = None
+    ) -> Iterator[Reply]:
+        """Send; yield each reply (queued, accepted, streaming chunks...) as it arrives,
+        the terminal one last. ReplyTimeoutError when none is terminal within ``timeout_s``."""
+        return iter_updates(self, request, self._timeout(timeout_s))
+
+    def aupdates(
+        self, request: InferenceRequest, *, timeout_s: float | None = None
+    ) -> AsyncIterator[Reply]:
+        """``updates`` for asyncio."""
+        return aiter_updates(self, request, self._timeout(timeout_s))
+
+    def stream(self, request: InferenceRequest, *, timeout_s: float | None = None) -> TextStream:
+        """Send with ``stream=True``; iterate the result for text pieces as they are
+        generated; afterwards its ``reply`` is the terminal reply."""
+        streaming = request.model_copy(update={"stream": True})
+        return TextStream(iter_updates(self, streaming, self._timeout(timeout_s)))
+
+    def astream(
+        self, request: InferenceRequest, *, timeout_s: float | None = None
+    ) -> AsyncTextStream:
+        """``stream`` for asyncio: ``async for piece in client.astream(request)``."""
+        streaming = request.model_copy(update={"stream": True})
+        return AsyncTextStream(aiter_updates(self, streaming, self._timeout(timeout_s)))
 
     # -- retries ---------------------------------------------------------------------
 

@@ -294,6 +294,53 @@ class WorkerConfig(StrictModel):
     )
     openai_base_url: str = "http://127.0.0.1:8000/v1"
     openai_model_map: dict[str, str] = Field(default_factory=dict)
+    openai_api_key_env: str = Field(
+        "OPENAI_API_KEY",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the server's API key (vLLM --api-key); "
+        "sent as a Bearer token when set. The key itself never goes in the config.",
+    )
+    openai_metrics_url: str | None = Field(
+        None,
+        description="The server's Prometheus endpoint (vLLM /metrics); None: the base URL "
+        "without /v1, plus /metrics. Empty string: do not probe.",
+    )
+    openai_metrics_s: PositiveFloat = Field(
+        1.0, description="How often the openai backend reads the server's /metrics."
+    )
+    stream_chunk_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(
+        16, description="Streaming: a chunk is published once it holds this many tokens..."
+    )
+    stream_chunk_ms: Annotated[int, Field(ge=1, le=10_000)] = Field(
+        50, description="...or this long after its first token, whichever comes first."
+    )
+
+
+class GatewayConfig(StrictModel):
+    """`triage gateway`: the OpenAI-compatible HTTP front door (docs/gateway.md)."""
+
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    keys_file: str | None = Field(
+        None, description="YAML file of API keys, stored as SHA-256 digests, each mapped to "
+        "a tenant (docs/gateway.md); relative paths are relative to the working directory."
+    )
+    keys_env: str = Field(
+        "TRIAGE_GATEWAY_KEYS",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable with more keys, `tenant:key` pairs separated by "
+        "commas (hashed at start, never stored).",
+    )
+    default_max_tokens: Annotated[int, Field(ge=1, le=10_000_000)] = Field(
+        256, description="max_tokens of a request that sets none (admission needs a bound)."
+    )
+    reply_timeout_s: PositiveFloat | None = Field(
+        None, description="How long a request waits for its terminal reply; None: the "
+        "tenant's sla_ms + max_queue_wait_ms + 10 s."
+    )
+    timeout_retry_after_s: Annotated[int, Field(ge=0, le=3600)] = Field(
+        1, description="Retry-After of a 408 (no terminal reply in time: there is no hint)."
+    )
 
 
 class TriageConfig(StrictModel):
@@ -310,6 +357,7 @@ class TriageConfig(StrictModel):
     metrics: MetricsConfig = MetricsConfig()
     admission: AdmissionAppConfig = AdmissionAppConfig()
     worker: WorkerConfig = WorkerConfig()
+    gateway: GatewayConfig = GatewayConfig()
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:

@@ -291,6 +291,17 @@ class SimulatedGpu:
     def __contains__(self, key: object) -> bool:
         return key in self._seqs
 
+    def generated(self, key: SeqKey) -> int:
+        """Tokens a sequence has generated as of ``now`` (0 while it waits or prefills;
+        -1 when it is not here): what a streaming front end may show so far."""
+        seq = self._seqs.get(key)
+        if seq is None:
+            return -1
+        if seq.epoch < 0:  # waiting (again, after an engine preemption)
+            return seq.generated
+        run = self._step_at(self._t) - seq.join_s
+        return min(seq.output, seq.generated + int(max(0.0, run) + 1e-9))
+
     # ---------------------------------------------------------------- commands
 
     def submit(

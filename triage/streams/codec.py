@@ -90,6 +90,8 @@ def reply_for(d: Decision, *, text: str | None = None) -> dict[str, Any]:
         "gpu_id": d.gpu_id if d.outcome is Outcome.ACCEPT else None,
         "queue_position": d.queue_position if d.outcome is Outcome.QUEUE else None,
         "at_ms": ms(d.at),
+        "bucket_level": _num(d.bucket_level),
+        "bucket_burst": _num(d.bucket_burst),
     }
 
 
@@ -98,7 +100,8 @@ def reply_bytes(reply: dict[str, Any]) -> bytes:
 
 
 def work_item(
-    d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str]
+    d: Decision, p: Pending, *, prompt: str | None, metadata: dict[str, str],
+    stream: bool = False, messages: list[dict[str, Any]] | None = None,
 ) -> tuple[str, bytes]:
     """What the GPU's worker runs for an ACCEPT decision: (gpu_id, WorkItem JSON)."""
     assert d.gpu_id is not None
@@ -106,9 +109,10 @@ def work_item(
         "request_id": p.request_id, "attempt": p.attempt, "tenant": p.tenant,
         "model": p.model, "pool": p.pool, "gpu_id": d.gpu_id,
         "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens, "prompt": prompt,
-        "reserved_kv_bytes": p.kv_bytes, "predicted_s": max(0.0, p.predicted_s),
+        "messages": messages, "reserved_kv_bytes": p.kv_bytes,
+        "predicted_s": max(0.0, p.predicted_s),
         "dispatched_at_ms": ms(d.at), "deadline_ms": ms(p.deadline),
-        "arrived_at_ms": ms(p.arrived), "metadata": metadata,
+        "arrived_at_ms": ms(p.arrived), "metadata": metadata, "stream": stream or None,
     })
 
 
@@ -135,7 +139,8 @@ def scale_signal(e: ScaleEvent) -> ScaleSignal:
 
 def live_record(
     p: Pending, state: LiveState, *, prompt: str | None, metadata: dict[str, str],
-    last_reply: dict[str, Any] | None, now: float,
+    last_reply: dict[str, Any] | None, now: float, stream: bool = False,
+    messages: list[dict[str, Any]] | None = None,
 ) -> bytes:
     """The table record of a live (or just finished) request (a LiveRequest, as JSON)."""
     gpu = p.gpu
@@ -150,8 +155,8 @@ def live_record(
         "timeout_reason": p.timeout_reason, "idle_s": p.idle_s,
         "dispatched_at": p.dispatched_at, "predicted_raw_s": p.predicted_raw_s,
         "predicted_s": p.predicted_s, "gpu_id": getattr(gpu, "gpu_id", None) if gpu else None,
-        "prompt": prompt, "metadata": metadata,
-        "last_reply": None if last_reply is None else
+        "prompt": prompt, "messages": messages, "metadata": metadata,
+        "stream": stream or None, "last_reply": None if last_reply is None else
         {k: v for k, v in last_reply.items() if v is not None},
         "updated": now,
     })

@@ -26,6 +26,7 @@ from triage.streams.outbox import Outbox
 from triage.streams.store import StateStore
 from triage.topics.messages import (
     BucketState,
+    ChatMessage,
     Completion,
     CompletionStatus,
     DeadLetter,
@@ -56,11 +57,18 @@ _LIVE_STATE = {Outcome.ACCEPT: LiveState.RUNNING, Outcome.QUEUE: LiveState.QUEUE
 class _Side:
     """What the shell keeps about a live request beside the core's Pending."""
 
-    __slots__ = ("metadata", "prompt", "queued_for")
+    __slots__ = ("messages", "metadata", "prompt", "queued_for", "stream")
 
-    def __init__(self, prompt: str | None, metadata: dict[str, str]) -> None:
+    def __init__(
+        self, prompt: str | None, metadata: dict[str, str], stream: bool,
+        messages: list[ChatMessage] | None,
+    ) -> None:
         self.prompt = prompt
         self.metadata = metadata
+        self.stream = stream  # the worker streams token chunks to the tenant
+        # a chat prompt, JSON-ready for the work item and the table record
+        self.messages = (None if messages is None else
+                         [m.model_dump(exclude_none=True) for m in messages])
         self.queued_for: ReasonCode | None = None  # first reason it waited (SLA causes)
 
 
@@ -110,7 +118,8 @@ class AdmissionService:
                             rec.request_id)
                 continue
             p = codec.pending_from(rec)
-            self._side[rec.request_id] = _Side(rec.prompt, dict(rec.metadata))
+            self._side[rec.request_id] = _Side(rec.prompt, dict(rec.metadata), rec.stream,
+                                                rec.messages)
             if rec.state is LiveState.RUNNING and rec.gpu_id and d.restore_running(p, rec.gpu_id):
                 counts["running"] += 1
             elif rec.state is LiveState.RUNNING:
@@ -170,7 +179,7 @@ class AdmissionService:
         self.metrics.child(self.metrics.decision_latency, "request").observe(
             time.perf_counter() - t0)
         self._dirty_buckets.add(req.tenant)
-        self._side[rid] = _Side(req.prompt, dict(req.metadata))
+        self._side[rid] = _Side(req.prompt, dict(req.metadata), req.stream, req.messages)
         self._emit(decisions, now, arrival=p)
 
     def on_completion(self, value: bytes | None, *, key: bytes | None = None,
@@ -267,7 +276,9 @@ class AdmissionService:
             reply = codec.reply_for(d, text=text)
             if d.outcome is Outcome.ACCEPT and p is not None:
                 gpu, item = codec.work_item(d, p, prompt=side.prompt if side else None,
-                                            metadata=side.metadata if side else {})
+                                            metadata=side.metadata if side else {},
+                                            stream=side.stream if side else False,
+                                            messages=side.messages if side else None)
                 out.send_raw(names.gpu_work(gpu), key, item)
                 if p.enqueued_at >= 0.0 and d.queue_wait_s is not None:
                     m.child(m.queue_wait, d.tenant, d.model).observe(d.queue_wait_s)
@@ -284,7 +295,9 @@ class AdmissionService:
             if state is not None and p is not None:
                 store.put_request_raw(rid, codec.live_record(
                     p, state, prompt=side.prompt if side else None,
-                    metadata=side.metadata if side else {}, last_reply=reply, now=now))
+                    metadata=side.metadata if side else {}, last_reply=reply, now=now,
+                    stream=side.stream if side else False,
+                    messages=side.messages if side else None))
             else:
                 self._finish(d, p, side, reply, now)
 

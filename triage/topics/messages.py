@@ -63,6 +63,14 @@ class Message(BaseModel):
         return cls.model_validate_json(data)
 
 
+class ChatMessage(Message):
+    """One turn of a chat prompt (OpenAI's chat format, text content only)."""
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str = Field(max_length=4_000_000)
+    name: str | None = Field(None, max_length=64)
+
+
 class InferenceRequest(Message):
     """What a tenant asks for: a completion of at most max_tokens after a prompt."""
 
@@ -76,7 +84,15 @@ class InferenceRequest(Message):
     )
     created_at_ms: EpochMs | None = Field(None, description="Client send time.")
     prompt: str | None = Field(None, max_length=4_000_000, description="Text, for real backends.")
-    stream: bool = True
+    messages: list[ChatMessage] | None = Field(
+        None, max_length=1024, description="A chat prompt (real backends call the chat "
+        "endpoint with it); prompt_tokens still counts its tokens."
+    )
+    stream: bool = Field(
+        False,
+        description="Stream generated tokens back as non-terminal `streaming` replies "
+        "(opt-in, as in the OpenAI API: every chunk is a message on the reply topic).",
+    )
     attempt: Annotated[int, Field(ge=0, le=1000, strict=True)] = 0
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
 
@@ -118,6 +134,22 @@ class Reply(Message):
     output_tokens: TokenCount | None = None
     text: str | None = None
     at_ms: EpochMs
+    # The tenant's token bucket at the decision (rejections, accepts and queueings at
+    # arrival): what an HTTP front door turns into x-ratelimit-* headers.
+    bucket_level: float | None = Field(None, allow_inf_nan=False,
+                                       description="Tokens left (negative: debt).")
+    bucket_burst: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    # `streaming` replies only (from the worker): the next pieces of generated text.
+    tokens: list[str] | None = Field(
+        None, max_length=4096, description="Generated text, one piece per token, starting "
+        "at token index `token_offset` of the attempt."
+    )
+    token_offset: TokenCount | None = None
+    attempt: Annotated[int, Field(ge=0, strict=True)] | None = None
+    first_token_at_ms: EpochMs | None = Field(
+        None, description="When the worker saw the attempt's first token (time to first "
+        "token = this minus the request's created_at_ms)."
+    )
 
     @property
     def terminal(self) -> bool:
@@ -184,12 +216,14 @@ class WorkItem(Message):
     prompt_tokens: PositiveTokens
     max_tokens: PositiveTokens
     prompt: str | None = None
+    messages: list[ChatMessage] | None = None
     reserved_kv_bytes: Annotated[int, Field(ge=0)]
     predicted_s: Seconds
     dispatched_at_ms: EpochMs
     deadline_ms: EpochMs
     arrived_at_ms: EpochMs
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)  # from the request
+    stream: bool = False  # publish token chunks to the tenant's reply topic (from the request)
 
     @property
     def work_id(self) -> str:
@@ -250,6 +284,11 @@ class GpuStatus(Message):
     kv_budget_bytes: Annotated[int, Field(ge=0)]
     utilization: Ratio  # compute utilization (NVML, or the sim's busy fraction)
     running: Annotated[int, Field(ge=0)] = 0
+    # The serving engine's own view, where the backend can read it (vLLM's /metrics, the
+    # sim's model); None when unknown. Saturation signals, unlike NVML's utilization.
+    running_seqs: Annotated[int, Field(ge=0)] | None = None  # vllm:num_requests_running
+    waiting_seqs: Annotated[int, Field(ge=0)] | None = None  # vllm:num_requests_waiting
+    kv_usage: Ratio | None = None  # vllm:kv_cache_usage_perc (0..1); sim: KV used / budget
     healthy: bool = True
     ecc_errors: Annotated[int, Field(ge=0)] | None = None
     temperature_c: float | None = None
@@ -352,7 +391,9 @@ class LiveRequest(Message):
     predicted_s: float = 0.0
     gpu_id: GpuId | None = None
     prompt: str | None = None
+    messages: list[ChatMessage] | None = None
     metadata: dict[str, str] = Field(default_factory=dict)
+    stream: bool = False
     last_reply: Reply | None = None  # what the tenant was last told (resent on redelivery)
     updated: float = 0.0
 

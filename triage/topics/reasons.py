@@ -11,6 +11,7 @@ class ReplyStatus(StrEnum):
     ACCEPTED = "accepted"
     QUEUED = "queued"
     PREEMPTED = "preempted"
+    STREAMING = "streaming"  # a chunk of generated tokens (the worker; stream=true only)
     COMPLETED = "completed"
     REJECTED = "rejected"
     TIMED_OUT = "timed_out"

@@ -81,6 +81,26 @@ class WorkerMetrics:
             buckets=_SECONDS,
             registry=r,
         )
+        self.ttft = Histogram(
+            "triage_worker_ttft_seconds",
+            "Wall time from the request's arrival at admission to its first token, per "
+            "completed attempt (queueing included: what a client waits)",
+            ["gpu", "model"],
+            buckets=_SECONDS,
+            registry=r,
+        )
+        self.stream_chunks = Counter(
+            "triage_worker_stream_chunks",
+            "Streaming replies (token chunks) published to tenants' reply topics",
+            g,
+            registry=r,
+        )
+        self.kv_usage = Gauge(
+            "triage_worker_engine_kv_usage",
+            "The serving engine's KV-cache usage, 0..1 (vLLM /metrics, or the sim's model)",
+            g,
+            registry=r,
+        )
         self.decode = Histogram("triage_worker_decode_seconds",
                                 "Measured decode time per attempt", ["gpu", "model"],
                                 buckets=_SECONDS, registry=r)  # fmt: skip

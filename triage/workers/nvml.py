@@ -148,6 +148,9 @@ def gpu_status(
         "kv_budget_bytes": int(pool.kv_budget_gib * GIB),
         "utilization": min(1.0, max(0.0, util or 0.0)),
         "running": load.running,
+        "running_seqs": load.running_seqs,
+        "waiting_seqs": load.waiting_seqs,
+        "kv_usage": None if load.kv_usage is None else min(1.0, max(0.0, load.kv_usage)),
         "at_ms": at_ms,
     }
     if reading is None:

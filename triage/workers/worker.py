@@ -47,6 +47,7 @@ from triage.workers.errors import UnknownGpuError
 from triage.workers.metrics import WorkerMetrics
 from triage.workers.nvml import NvmlProbe, gpu_status, open_probe
 from triage.workers.publish import AsyncProducer, DeliveryError
+from triage.workers.stream import ChunkPublisher
 
 log = logging.getLogger(__name__)
 
@@ -264,14 +265,18 @@ class Worker:
     async def _execute(self, item: WorkItem, pos: Pos) -> None:
         wid = item.work_id
         try:
+            sink = self._chunk_publisher(item)
             if wid in self._abort_kind:
                 result = _not_run(AttemptStatus.ABORTED)
             else:
                 try:
-                    result = await self.backend.run(item)
+                    result = await self.backend.run(item, sink)
                 except Exception as exc:  # a backend bug must not kill the worker
                     log.exception("%s: backend failed on %s", self.gpu_id, wid)
                     result = _not_run(AttemptStatus.FAILED, f"backend error: {exc}")
+            if sink is not None:  # every chunk acknowledged before the completion goes
+                await sink.close()
+                self.metrics.stream_chunks.labels(self.gpu_id).inc(sink.chunks)
             kind = self._abort_kind.pop(wid, None)
             status = _status(result.status, kind)
             futures = [self._send_completion(item, result, status, kind)]
@@ -289,6 +294,16 @@ class Worker:
             self._count(item, result, status)
         finally:
             self._inflight.pop(wid, None)
+
+    def _chunk_publisher(self, item: WorkItem) -> ChunkPublisher | None:
+        """A sink for the attempt's tokens when the request asked to stream."""
+        if not item.stream or self._producer is None:
+            return None
+        w = self.config.worker
+        return ChunkPublisher(item=item, producer=self._producer,
+                              topic=self.topics.replies(item.tenant), gpu_id=self.gpu_id,
+                              chunk_tokens=w.stream_chunk_tokens,
+                              chunk_ms=w.stream_chunk_ms)  # fmt: skip
 
     def _send_completion(
         self,
@@ -347,6 +362,8 @@ class Worker:
         m, g = self.metrics, self.gpu_id
         m.heartbeats.labels(g).inc()
         m.running.labels(g).set(load.running)
+        if load.kv_usage is not None:
+            m.kv_usage.labels(g).set(load.kv_usage)
         m.waiting.labels(g).set(load.waiting)
         m.utilization.labels(g).set(status.utilization)
         m.healthy.labels(g).set(1.0 if status.healthy else 0.0)
@@ -396,6 +413,9 @@ class Worker:
         if status is CompletionStatus.COMPLETED:
             m.prefill.labels(g, item.model).observe(max(0.0, r.prefill_s))
             m.decode.labels(g, item.model).observe(max(0.0, r.decode_s))
+            if r.first_token_at_ms is not None:
+                ttft = max(0, r.first_token_at_ms - item.arrived_at_ms) / 1000.0
+                m.ttft.labels(g, item.model).observe(ttft)
 
 
 async def run_worker(

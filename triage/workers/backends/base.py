@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 from triage.topics.messages import WorkItem
 
@@ -35,7 +36,8 @@ class AttemptResult:
     started_at_ms: int  # wall clock, epoch ms
     finished_at_ms: int
     error: str | None = None  # why it failed
-    text: str | None = None  # generated text (real backends)
+    text: str | None = None  # generated text (real backends; sim: synthetic, when asked)
+    first_token_at_ms: int | None = None  # wall clock of the first token (None: none came)
     queue_s: float = 0.0  # waited inside the engine before it started (not prefill work)
 
 
@@ -47,6 +49,18 @@ class EngineLoad:
     waiting: int  # sequences queued inside the engine
     kv_used_bytes: int | None  # None when the backend cannot know (a real server)
     utilization: float | None  # busy fraction since the previous reading; None: unknown
+    # The serving engine's own counts where the backend can read them (vLLM's /metrics,
+    # the sim's model): reported on the heartbeat as running_seqs / waiting_seqs / kv_usage.
+    running_seqs: int | None = None
+    waiting_seqs: int | None = None
+    kv_usage: float | None = None  # 0..1 of the engine's KV cache
+
+
+class TokenSink(Protocol):
+    """Where a backend puts the text it generates, as it generates it (streaming)."""
+
+    def tokens(self, pieces: Sequence[str]) -> None:
+        """The next generated tokens' text, one piece per token, in order."""
 
 
 class Backend(ABC):
@@ -62,8 +76,9 @@ class Backend(ABC):
         """Release resources. In-flight attempts should have ended."""
 
     @abstractmethod
-    async def run(self, item: WorkItem) -> AttemptResult:
-        """Execute one attempt to its end (completed, failed, or aborted)."""
+    async def run(self, item: WorkItem, sink: TokenSink | None = None) -> AttemptResult:
+        """Execute one attempt to its end (completed, failed, or aborted). With a ``sink``
+        (the request asked to stream), hand it the generated text as it is generated."""
 
     @abstractmethod
     async def abort(self, work_id: str) -> bool:

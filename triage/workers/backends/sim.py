@@ -10,6 +10,14 @@ How many tokens an attempt generates is the request's business, not the model's:
 ``metadata["sim_output_tokens"]`` when the client set it (the simulator's traces do),
 else a deterministic fraction (20-100%) of ``max_tokens`` seeded by the request id, so
 every attempt of a request generates the same number.
+
+Text is synthetic: token i of a request is a word drawn from a fixed vocabulary by a
+hash of (request id, i), so every attempt of a request says the same thing. An attempt
+carries its text (into the Completion and the terminal reply) when the request had a
+prompt or asked to stream; synthetic traffic without either stays textless (no bytes
+spent on words nobody reads). Streaming polls the model's progress
+(``SimulatedGpu.generated``) every ``stream_poll_s`` of wall time and hands the new
+tokens to the sink; the remainder goes at the attempt's end.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from triage.workers.backends.base import (
     AttemptStatus,
     Backend,
     EngineLoad,
+    TokenSink,
     epoch_ms,
 )
 from triage.workers.errors import UnknownGpuError
@@ -38,6 +47,21 @@ log = logging.getLogger(__name__)
 
 OUTPUT_TOKENS_KEY = "sim_output_tokens"
 MIN_FRACTION = 0.2  # the hash-drawn share of max_tokens lies in [MIN_FRACTION, 1]
+_WORDS = (
+    "the", "of", "and", "to", "in", "a", "is", "that", "for", "it", "as", "was", "with",
+    "be", "by", "on", "not", "he", "this", "are", "or", "his", "from", "at", "which",
+    "but", "have", "an", "had", "they", "you", "were", "their", "one", "all", "we", "can",
+    "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so",
+    "no", "GPU", "token", "queue", "cache", "tenant", "quota", "batch", "model", "time",
+    "request", "reply", "stream", "latency", "memory", "fair",
+)  # fmt: skip
+
+
+def synthetic_tokens(request_id: str, start: int, stop: int) -> list[str]:
+    """Pieces of text of tokens ``start..stop-1`` of a request (see the module docstring)."""
+    seed = zlib.crc32(request_id.encode())
+    n = len(_WORDS)
+    return [" " + _WORDS[(seed + i * 2654435761) % n] for i in range(start, stop)]
 
 
 def sim_output_tokens(item: WorkItem) -> int:
@@ -70,6 +94,7 @@ class SimBackend(Backend):
         seed: int | None = None,
         max_num_seqs: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        stream_poll_s: float = 0.05,
     ) -> None:
         if config.pool_of_gpu(gpu_id) is None:
             raise UnknownGpuError(
@@ -86,6 +111,7 @@ class SimBackend(Backend):
             max_num_seqs=max_num_seqs,
         )
         self._clock = clock
+        self._stream_poll_s = stream_poll_s
         self._t0 = clock()
         self._pending: dict[str, asyncio.Future[FinishedSequence]] = {}
         self._wake = asyncio.Event()
@@ -114,7 +140,7 @@ class SimBackend(Backend):
 
     # ------------------------------------------------------------------ attempts
 
-    async def run(self, item: WorkItem) -> AttemptResult:
+    async def run(self, item: WorkItem, sink: TokenSink | None = None) -> AttemptResult:
         if self._task is None:
             await self.start()
         wid = item.work_id
@@ -128,13 +154,24 @@ class SimBackend(Backend):
         fut: asyncio.Future[FinishedSequence] = asyncio.get_running_loop().create_future()
         self._pending[wid] = fut
         self._wake.set()
+        streamed = 0
         try:
-            fs = await fut
+            if sink is None:
+                fs = await fut
+            else:
+                streamed = await self._stream(item, fut, sink)
+                fs = fut.result()
         except asyncio.CancelledError:
             if wid in self.gpu:
                 self.gpu.abort(wid, self._sim_now())
             self._pending.pop(wid, None)
             raise
+        if sink is not None and fs.output_tokens > streamed:
+            sink.tokens(synthetic_tokens(item.request_id, streamed, fs.output_tokens))
+        wants_text = sink is not None or item.prompt is not None or item.messages is not None
+        first_ms = None
+        if fs.first_token_at is not None:  # the model's instant, in wall time
+            first_ms = started_ms + round(fs.prefill_s * self.time_scale * 1000.0)
         return AttemptResult(
             status=AttemptStatus.ABORTED if fs.aborted else AttemptStatus.COMPLETED,
             output_tokens=fs.output_tokens,
@@ -144,7 +181,27 @@ class SimBackend(Backend):
             mean_concurrency=fs.mean_concurrency,
             started_at_ms=started_ms,
             finished_at_ms=epoch_ms(),
+            text="".join(synthetic_tokens(item.request_id, 0, fs.output_tokens))
+            if wants_text else None,
+            first_token_at_ms=first_ms,
         )
+
+    async def _stream(
+        self, item: WorkItem, fut: asyncio.Future[FinishedSequence], sink: TokenSink
+    ) -> int:
+        """Hand the sink the tokens the model has generated, every poll, until the attempt
+        ends; return how many were handed over."""
+        wid, sent = item.work_id, 0
+        while not fut.done():
+            await asyncio.wait([fut], timeout=self._stream_poll_s)
+            if fut.done():
+                break
+            self._pump()
+            n = self.gpu.generated(wid)
+            if n > sent:
+                sink.tokens(synthetic_tokens(item.request_id, sent, n))
+                sent = n
+        return sent
 
     async def abort(self, work_id: str) -> bool:
         now = self._pump()
@@ -163,11 +220,15 @@ class SimBackend(Backend):
         t_prev, busy_prev = self._busy_mark
         self._busy_mark = (now, busy)
         util = (busy - busy_prev) / (now - t_prev) if now > t_prev else None
+        kv = self.gpu.kv_used_bytes
         return EngineLoad(
             running=self.gpu.running,
             waiting=self.gpu.waiting,
-            kv_used_bytes=self.gpu.kv_used_bytes,
+            kv_used_bytes=kv,
             utilization=None if util is None else min(1.0, max(0.0, util)),
+            running_seqs=self.gpu.running,
+            waiting_seqs=self.gpu.waiting,
+            kv_usage=min(1.0, kv / self.gpu.kv_budget_bytes) if self.gpu.kv_budget_bytes else None,
         )
 
     # ------------------------------------------------------------------ engine loop
