@@ -47,7 +47,7 @@ PREFILL_WINDOW_S: Final = 5.0
 # Idle capacity for over-quota work: the GPU spends under this share of its time in
 # prefills (each stalls every decode there), and the in-quota runners keep at least
 # half their slack (a margin for the predictor's error and for later arrivals).
-IDLE_MAX_STALL: Final = 0.3
+IDLE_MAX_STALL: Final = 0.15
 IDLE_BUDGET_SHARE: Final = 1.0
 # queued work that takes this long to drain reads as a saturated pool (hysteresis)
 DRAIN_HORIZON_S: Final = 10.0
@@ -282,7 +282,7 @@ class Dispatcher:
         slots = self.ledger.slots
         if not slots:
             return 0.0
-        t = slots[0].costs[p.model].predict(p.prompt_tokens, p.expected_out, 1.0)
+        t = slots[0].costs[p.model].predict_idle(p.prompt_tokens, p.expected_out)
         b = self._buffer(p.model)
         initial = self.predictor.initial_buffer
         return t * (b if b < initial else initial)
@@ -292,8 +292,11 @@ class Dispatcher:
         return fixed if fixed is not None else self.predictor.buffer_value(model)
 
     # --- the checks -----------------------------------------------------------------
-    def _fit(self, p: Pending, now: float) -> tuple[GpuSlot | None, ReasonCode, float, float]:
-        """Checks 2 and 3 for `p` on the best GPU: (GPU or None, reason, raw, buffered)."""
+    def _fit(
+        self, p: Pending, now: float, sla: bool = True
+    ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
+        """Checks 2 and 3 for `p` on the best GPU: (GPU or None, reason, raw, buffered).
+        `sla=False` skips check 3 (a last chance before a certain timeout)."""
         flags = self.flags
         if not flags.memory_fit:
             slot = self._round_robin()
@@ -323,7 +326,7 @@ class Dispatcher:
             return None, R.COMPUTE_SATURATION, 0.0, 0.0  # no idle capacity for overage
         raw = cost.predict(p.prompt_tokens, p.expected_out, n)
         pred = raw * self._buffer(p.model)
-        if flags.sla_fit and now + pred > p.deadline:
+        if sla and flags.sla_fit and now + pred > p.deadline:
             return None, R.COMPUTE_SATURATION, raw, pred
         return slot, R.ADMITTED, raw, pred
 
@@ -783,6 +786,8 @@ class Dispatcher:
         out: list[Decision] = []
         q = self.queue
         for p in q.pop_expired(now):
+            if self._last_chance(p, now, out):
+                continue
             q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
             self.fair.leave(p.tenant)
             self._settle(p, 0.0)
@@ -794,6 +799,27 @@ class Dispatcher:
         self._observe_utilization(now)
         self._dispatch_pass(now, out)
         return out
+
+    def _last_chance(self, p: Pending, now: float, out: list[Decision]) -> bool:
+        """A request of a tenant whose output length the predictor has not learned yet,
+        whose max wait ran out while only the predicted time held it back (its memory
+        fits, and an idle GPU would still finish it in time), starts instead of timing
+        out. Its prediction rests on the prior output ratio (0.7 of max_tokens by
+        default): a tenant asking for 6,000 tokens and using 900 was predicted 4x too
+        long under load, every request timed out, none completed, and the predictor never
+        learned otherwise. Once a few complete, the learned ratio decides."""
+        if p.timeout_reason or not self.flags.sla_fit or p.cls == CLASS_IDLE:
+            return False
+        if self.predictor.ratio(p.tenant).learned:
+            return False
+        if now + p.idle_s > p.deadline:
+            return False
+        slot, _reason, raw, pred = self._fit(p, now, sla=False)
+        if slot is None:
+            return False
+        self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
+        self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
+        return True
 
     def utilization(self) -> float:
         """The pool's saturation, from the core's own state (so the simulator, replay and

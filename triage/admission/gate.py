@@ -55,12 +55,16 @@ class Gate:
         self.quotas = {name: TenantQuota(cfg) for name, cfg in tenants.items()}
 
     def check(
-        self, p: Pending, now: float, *, tightened: bool = False, saturated: bool = False
+        self, p: Pending, now: float, *, tightened: bool = False, saturated: bool = False,
+        under_share: bool = False,
     ) -> Decision | None:
         """None when `p` may go on to its pool (possibly as overage); else the refusal.
 
         Tightened pools suspend borrowing: debt is for quiet times. Over quota, a request
-        still runs as overage while its pool is not saturated (`overage_when_idle`)."""
+        still runs as overage (`overage_when_idle`) while its pool is not saturated, or,
+        at the contracted-overage class, while its tenant takes less than its weighted
+        fair share of the pool: a quota protects the others, and one below its fair share
+        takes nothing they are owed."""
         tq = self.quotas[p.tenant]
         flags = self.flags
         if flags.clairvoyant and p.true_out >= 0.0:
@@ -97,6 +101,10 @@ class Gate:
                 rl.level -= 1.0
                 return None
         if tq.allow_overage:  # the contract allows overage, at reduced priority
+            p.overage = True
+            p.cls = CLASS_OVERAGE
+            return None
+        if flags.overage_when_idle and under_share:  # below its fair share of the pool
             p.overage = True
             p.cls = CLASS_OVERAGE
             return None

@@ -34,6 +34,8 @@ class CostModel:
     __slots__ = (
         "_b0",
         "_b1",
+        "_idle_b0",
+        "_idle_prefill",
         "_prefill",
         "decay",
         "dn",
@@ -67,7 +69,18 @@ class CostModel:
         self.dy = w * b0 + w * (b0 + 16.0 * b1)
         self.dny = w * 16.0 * (b0 + 16.0 * b1)
         self.observations = 0
+        # the configured model of a lone sequence on an idle GPU: learned figures under
+        # load carry the stalls of other sequences' prefills, which an idle GPU has not
+        self._idle_prefill = prefill_s_per_token
+        self._idle_b0 = decode_s_per_token
         self._refit()
+
+    def predict_idle(self, prompt_tokens: float, output_tokens: float) -> float:
+        """Time alone on an idle GPU: the lower of the learned and the configured figures
+        (what `sla_infeasible` is judged on: infeasible on an idle GPU, not under load)."""
+        a = self._prefill if self._prefill < self._idle_prefill else self._idle_prefill
+        b = self._b0 if self._b0 < self._idle_b0 else self._idle_b0
+        return prompt_tokens * a + output_tokens * b
 
     def _refit(self) -> None:
         """Solve the fits once per observation, not once per prediction."""
@@ -139,6 +152,11 @@ class OutputRatio:
         self.weight = PRIOR_WEIGHT / 4.0
         self.total = prior * self.weight
         self.value = prior  # total / weight, kept current on each observation
+
+    @property
+    def learned(self) -> bool:
+        """Have a few completions outweighed the prior?"""
+        return self.weight >= PRIOR_WEIGHT / 2.0
 
     def observe(self, output_tokens: int, max_tokens: int) -> None:
         if max_tokens <= 0:
