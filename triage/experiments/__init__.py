@@ -15,12 +15,20 @@ their size and asserts each direction (tests/unit/test_experiments.py).
 
 from __future__ import annotations
 
-from triage.experiments import borrowing, buffer, degradation, preemption, queueing, recipe
+from triage.experiments import (
+    baselines,
+    borrowing,
+    buffer,
+    degradation,
+    preemption,
+    queueing,
+    recipe,
+)
 from triage.experiments.base import Experiment, ExperimentResult
 
 EXPERIMENTS: dict[str, Experiment] = {
     m.EXPERIMENT.name: m.EXPERIMENT
-    for m in (queueing, degradation, borrowing, buffer, preemption, recipe)
+    for m in (queueing, degradation, borrowing, buffer, preemption, recipe, baselines)
 }
 
 __all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult"]
