@@ -83,8 +83,11 @@ def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
     d = core.submit("d-wait", "docs", "big", 4000, 800, 1.0)[0]
     assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.GPU_MEMORY_INSUFFICIENT)
     core.tick(5.0)  # the head has waited past backfill_s: it now holds the line
+    # the pool is saturated, so an arrival that does not outrank the head waits its turn
     d = core.submit("chat-late", "chat", "small", 100, 100, 5.0)[0]
-    assert d.outcome is Outcome.ACCEPT  # inside the small model's floor: started
+    assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.QUEUED_BEHIND)
     d = core.submit("docs-late", "docs", "big", 100, 100, 5.0)[0]
     assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.QUEUED_BEHIND)  # held line
+    started = [x.request_id for x in core.tick(5.1) if x.outcome is Outcome.ACCEPT]
+    assert started == ["chat-late"]  # inside the small model's floor: started
     assert "d-wait" in core.dispatchers["p"].queue.members

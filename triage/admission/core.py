@@ -141,7 +141,7 @@ class AdmissionCore:
         # over-quota work may take only idle capacity: none while in-quota work waits
         refusal = self.gate.check(
             p, now, tightened=m.tightened, saturated=m.saturated or d.queue.in_quota > 0,
-            under_share=not d.fair.over_share(p.tenant, self.flags.fair_share_tolerance),
+            under_share=d.fair.under_share(p.tenant, self.flags.fair_share_tolerance),
         )
         if refusal is not None:
             return [refusal]

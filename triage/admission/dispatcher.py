@@ -255,16 +255,29 @@ class Dispatcher:
         return out
 
     def _may_jump(self, p: Pending) -> bool:
-        """May an arrival start before the queue? Work conservation: what waits did not
-        fit at the last dispatch pass, and nothing was freed since (a freeing event runs a
-        pass at once), so an arrival that fits takes room nobody ahead could use. Except
-        where an aged head holds the line for its memory (no starvation of large
-        requests: the arrival then waits its turn), and in strict FIFO (the baseline)."""
+        """May an arrival start before the queue? Below saturation, yes when it fits:
+        what waits did not fit at the last dispatch pass and nothing was freed since (a
+        freeing event runs a pass at once), so it takes room nobody ahead could use
+        (work conservation). Saturated, only if it outranks the queue's head: there the
+        room it takes is room the queue needs next, and the fairness order decides who
+        gets it. Never past an aged head holding the line for its memory (no starvation
+        of large requests), nor in strict FIFO (the baseline)."""
         if not self.queue.members:
             return True
         if self.strict:
             return False
-        return not self.held or p.model != self.held
+        if self.held and p.model == self.held:
+            return False
+        if not self.monitor.saturated:
+            return True
+        head = self.queue.head()
+        if head is None:
+            return True
+        _, (cls, service, deadline) = head
+        if p.cls != cls:
+            return p.cls < cls
+        mine = self.fair.service.get(p.tenant, 0.0)
+        return mine < service or (mine == service and p.deadline < deadline)
 
     def _largest_fit(self, model: str, tenant: str) -> int:
         """Largest reservation an empty GPU of the pool could ever give (cached)."""

@@ -87,6 +87,15 @@ class FairShare:
         self.recent[tenant] = self.recent.get(tenant, 0.0) + scaled
         self.recent_total += scaled
 
+    def under_share(self, tenant: str, tolerance: float) -> bool:
+        """Is `tenant` taking no more than its fair share while others are active? (Alone
+        in the pool, nobody is owed anything by it: its quota alone decides.)"""
+        active = self.active
+        n = len(active)
+        if n == 0 or (n == 1 and tenant in active):
+            return False
+        return not self.over_share(tenant, tolerance)
+
     def over_share(self, tenant: str, tolerance: float) -> bool:
         """Is `tenant` taking more than (1 + tolerance) x its weighted share of recent service?"""
         if self.active_weight <= 0.0 or self.recent_total <= 0.0:

@@ -28,9 +28,10 @@ BASELINES = (
     "engine_queue_cap", "tpm_priority",
 )
 REFERENCE = "clairvoyant"
-CASES = ("seed-morning", "multi-model", "adversarial", "azure-trace") + tuple(
-    f"{name}@{pct_}" for name in ("tenants13", "long-context", "two-services")
-    for pct_ in (85, 100, 120)
+CASES = (
+    "seed-morning", "multi-model", "adversarial", "azure-trace",
+    *(f"{name}@{pct_}" for name in ("tenants13", "long-context", "two-services")
+      for pct_ in (85, 100, 120)),
 )
 TENANT_SLACK = 0.01  # a tight-SLA tenant may be this much worse under full
 GOODPUT_SLACK = 0.05  # full's goodput within this of the clairvoyant reference's
