@@ -75,3 +75,21 @@ def load_config(path: str | Path | None = None) -> TriageConfig:
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML: {yaml_error_line(exc)}") from None
     return config_from_dict(data, source=str(p))
+
+
+def tenant_change(running: TriageConfig, fresh: TriageConfig) -> TriageConfig | None:
+    """The config a running app adopts when the file's tenant list changed: `running`
+    with the tenants added in `fresh` and without those removed from it (a kept tenant
+    keeps its running definition: other edits need a restart). None: no tenant came or
+    went. Validated again, so derived lookups are fresh and cross-checks hold."""
+    names = {t.name for t in fresh.tenants}
+    known = {t.name for t in running.tenants}
+    if names == known:
+        return None
+    tenants = [t for t in running.tenants if t.name in names]
+    tenants += [t for t in fresh.tenants if t.name not in known]
+    if not tenants:
+        raise ConfigError("tenants: the new configuration has none")
+    data = running.model_dump(mode="json")
+    data["tenants"] = [t.model_dump(mode="json") for t in tenants]
+    return config_from_dict(data, "<reloaded config>")

@@ -24,6 +24,9 @@ PositiveFloat = Annotated[float, Field(gt=0.0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 GIB = 1024**3
+# confluent-kafka's default message.max.bytes is 1,000,000: a request's derived records
+# (work item, table record: the request's bytes plus < 8 KB) must stay under it.
+MESSAGE_BYTES_CEILING = 960_000
 
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4,
@@ -283,6 +286,31 @@ class AdmissionAppConfig(StrictModel):
     datadir: str = "var/admission"
     web_port: Annotated[int, Field(ge=1, le=65535)] = 6066
     dedupe_ttl_s: PositiveFloat = 3600.0
+    max_message_bytes: Annotated[int, Field(ge=4096, le=MESSAGE_BYTES_CEILING)] = Field(
+        900_000,
+        description="Largest request message accepted, in bytes; larger ones are answered "
+        "`invalid` (or dead-lettered). Every record the app derives from a request (work "
+        "item, table record) must fit the producers' 1 MB limit, hence the ceiling.",
+    )
+    max_prompt_bytes: Annotated[int, Field(ge=1, le=MESSAGE_BYTES_CEILING)] = Field(
+        800_000,
+        description="Largest prompt accepted, in UTF-8 bytes; a longer one is answered "
+        "`invalid`. At most max_message_bytes.",
+    )
+    deadletter_value_bytes: Annotated[int, Field(ge=0, le=262_144)] = Field(
+        65_536,
+        description="How much of a refused message a dead letter keeps (the rest is cut; "
+        "its size and SHA-256 are always recorded).",
+    )
+
+    @model_validator(mode="after")
+    def _limits(self) -> Self:
+        if self.max_prompt_bytes > self.max_message_bytes:
+            raise ValueError(
+                f"admission.max_prompt_bytes ({self.max_prompt_bytes}) must not exceed "
+                f"admission.max_message_bytes ({self.max_message_bytes})"
+            )
+        return self
 
 
 class WorkerConfig(StrictModel):

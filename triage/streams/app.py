@@ -11,7 +11,8 @@ Every handler is a call into AdmissionService; this module only wires Faust to i
 - Outputs go through a confluent-kafka producer that is flushed before Faust commits
   input offsets, so a crash never commits a request whose answers were not sent.
 - New tenants' request topics are found by a discovery timer and added to the
-  subscription without a restart; tenants added to the config file are picked up too.
+  subscription without a restart; tenants added to or removed from the config file are
+  picked up too (docs/reliability.md, "Config changes").
 """
 
 from __future__ import annotations
@@ -29,10 +30,11 @@ import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from triage.config.checks import runnable_problem
-from triage.config.load import load_config
+from triage.config.load import load_config, tenant_change
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
 from triage.kafka.security import faust_credentials, use_kafka_security
+from triage.streams import faust_fixes
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import KafkaOutbox
 from triage.streams.service import AdmissionService
@@ -59,6 +61,7 @@ class AdmissionApp:
     config_mtime: float | None = None
     restored: bool = False
     subscribed: set[str] = field(default_factory=set)
+    unassigned_since: dict[str, float] = field(default_factory=dict)  # subscribed, not read yet
 
 
 FETCH_MAX_WAIT_MS = 20
@@ -96,6 +99,8 @@ def build_app(
     create_topics(k.bootstrap_servers, names, config)
     outbox = KafkaOutbox(k.bootstrap_servers)
     _short_fetch_wait()
+    faust_fixes.skip_commits_while_resubscribing()
+    faust_fixes.read_fresh_partitions_from_the_start(names.requests_pattern)
 
     app = faust.App(
         f"{names.prefix}.app.{config.admission.app_id}",
@@ -113,7 +118,10 @@ def build_app(
     )
 
     # --- topics --------------------------------------------------------------------
-    initial = sorted(names.requests(t.name) for t in config.tenants)
+    # every tenant's topic on the broker, configured or not: a removed tenant's requests
+    # are answered `invalid` (unknown_tenant), not left unread
+    initial = sorted({names.requests(t.name) for t in config.tenants}
+                     | set(_request_topics_on_broker(config, names)))
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                            "value_serializer": "raw"}
     request_topic = app.topic(*initial, **raw)
@@ -187,10 +195,13 @@ def build_app(
     @app.timer(interval=DISCOVERY_S)
     async def discover() -> None:
         if admission.restored:
-            await asyncio.to_thread(_reload_config, admission)
+            changed = await asyncio.to_thread(_reload_config, admission)
+            if changed is not None:  # applied by the next tick, inside an event
+                service.reconfigure(changed)
             new = await asyncio.to_thread(_new_request_topics, admission)
             if new:
                 _subscribe(admission, new)
+            faust_fixes.flag_again_if_unassigned(app, admission.unassigned_since)
 
     return admission
 
@@ -209,12 +220,16 @@ def _flush_outbox_before_commits(app: faust.App, outbox: KafkaOutbox) -> None:
     producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
 
 
+def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:
+    pattern = re.compile(names.requests_pattern)
+    md = make_admin(config.kafka.bootstrap_servers).list_topics(timeout=5.0)
+    return [t for t in md.topics if pattern.match(t)]
+
+
 def _new_request_topics(admission: AdmissionApp) -> list[str]:
     """Request topics on the broker that the app does not read yet (new tenants)."""
-    config = admission.service.config
-    pattern = re.compile(admission.names.requests_pattern)
-    md = make_admin(config.kafka.bootstrap_servers).list_topics(timeout=5.0)
-    return sorted(t for t in md.topics if pattern.match(t) and t not in admission.subscribed)
+    found = _request_topics_on_broker(admission.service.config, admission.names)
+    return sorted(t for t in found if t not in admission.subscribed)
 
 
 def _subscribe(admission: AdmissionApp, topics: list[str]) -> None:
@@ -230,42 +245,35 @@ def _subscribe(admission: AdmissionApp, topics: list[str]) -> None:
     ]
     if replies:
         ensure_topics(config.kafka.bootstrap_servers, replies)
-    topic = admission.request_topic
-    topic.topics = [*topic.topics, *topics]
+    faust_fixes.extend_subscription(admission.app, admission.request_topic,
+                                    admission.subscribed, topics)
     admission.subscribed.update(topics)
-    # Faust re-reads channel.topics and resubscribes when its conductor is flagged.
-    admission.app.topics._flag_changes()  # type: ignore[attr-defined]
+    admission.unassigned_since.update((t, time.monotonic()) for t in topics)
     log.info("subscribed to new request topics: %s", ", ".join(topics))
 
 
-def _reload_config(admission: AdmissionApp) -> None:
-    """Tenants added to the config file join without a restart (other changes need one)."""
+def _reload_config(admission: AdmissionApp) -> TriageConfig | None:
+    """The config to adopt when tenants were added to or removed from the config file
+    (other changes need a restart); creates the added tenants' topics. Runs in a thread:
+    it reads the service's config but leaves applying the change to the event loop."""
     path = admission.config_path
     if path is None:
-        return
+        return None
     try:
         mtime = path.stat().st_mtime
     except OSError:
-        return
+        return None
     last, admission.config_mtime = admission.config_mtime, mtime
     if last is None or mtime == last:
-        return
+        return None
     try:
-        fresh = load_config(path)
+        changed = tenant_change(admission.service.config, load_config(path))
     except Exception as exc:  # a bad edit must not stop admission
         log.error("config reload failed, keeping the running config: %s", exc)
-        return
-    service = admission.service
-    known = set(service.config.tenants_by_name)
-    added = [t for t in fresh.tenants if t.name not in known]
-    if not added:
-        return
-    merged = service.config.model_copy(update={"tenants": [*service.config.tenants, *added]})
-    service.config = merged
-    for t in added:
-        service.add_tenant(t)
-    create_topics(merged.kafka.bootstrap_servers, admission.names, merged)
-    log.info("config reload added tenants: %s", ", ".join(t.name for t in added))
+        return None
+    if changed is not None:
+        create_topics(changed.kafka.bootstrap_servers, admission.names, changed)
+    return changed
 
 
 class _StrKeys(MutableMapping[str, Any]):

@@ -170,6 +170,22 @@ def finished_record(raw: bytes, last_reply: dict[str, Any], now: float) -> bytes
     return _dumps(data)
 
 
+NO_POOL = "none"  # the pool of a request answered at the gate (it never reached one)
+
+
+def answered_record(
+    request_id: str, tenant: str, model: str, last_reply: dict[str, Any], now: float
+) -> bytes:
+    """The done record of a request answered without the core (`invalid`): it holds the
+    request id, so a redelivery or another body under it gets no second terminal reply."""
+    return _dumps({
+        "request_id": request_id, "tenant": tenant, "model": model, "pool": NO_POOL,
+        "state": LiveState.DONE.value, "prompt_tokens": 1, "max_tokens": 1, "arrived": now,
+        "sla_s": 0.0, "expected_out": 0.0, "expected_tokens": 0.0,
+        "last_reply": {k: v for k, v in last_reply.items() if v is not None}, "updated": now,
+    })
+
+
 def pending_from(rec: LiveRequest) -> Pending:
     """Rebuild the core's object from a table record."""
     p = Pending(rec.request_id, rec.tenant, rec.model, rec.pool, rec.prompt_tokens,

@@ -6,7 +6,8 @@ Each AdmissionMetrics owns its registry, so tests can build several side by side
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
@@ -15,6 +16,9 @@ WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
 DECISION_BUCKETS = (5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, 1e-2)
 DEPTH_BUCKETS = (0, 1, 5, 10, 25, 50, 100, 250, 500, 1000)
 ERROR_BUCKETS = (0.25, 0.5, 0.75, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 3.0, 5.0)
+
+if TYPE_CHECKING:
+    from triage.admission.core import AdmissionCore
 
 
 class AdmissionMetrics:
@@ -35,6 +39,10 @@ class AdmissionMetrics:
         self.duplicates = Counter(
             "triage_duplicate_requests", "Redelivered request ids answered from the record.",
             ["tenant"], registry=r)
+        self.handler_errors = Counter(
+            "triage_handler_errors", "Messages whose handler raised: dead-lettered (a "
+            "request naming a fresh id also answered `invalid`); the agent went on.",
+            ["handler"], registry=r)
         self.queue_depth = Gauge(
             "triage_queue_depth", "Requests waiting, per pool.", ["pool"], registry=r)
         self.tenant_queue_depth = Gauge(
@@ -104,6 +112,27 @@ class AdmissionMetrics:
         if c is None:
             c = self._children[key] = metric.labels(*labels)
         return c
+
+    def observe_core(self, core: AdmissionCore, tenants: Iterable[str]) -> None:
+        """Set the gauges that sample the core's state (once per tick)."""
+        per_tenant: dict[str, int] = {}
+        for name, d in core.dispatchers.items():
+            depth = len(d.queue)
+            self.queue_depth.labels(name).set(depth)
+            self.queue_depth_hist.labels(name).observe(depth)
+            for t, c in d.queue.tenant_count.items():
+                per_tenant[t] = per_tenant.get(t, 0) + c
+            self.preemption_rate.labels(name).set(d.stats.preemption_rate)
+            self.pool_utilization.labels(name).set(d.monitor.utilization)
+            self.tightened.labels(name).set(1 if d.monitor.tightened else 0)
+            self.autoscale.labels(name).set(1 if d.monitor.autoscale else 0)
+            self.gpus_up.labels(name).set(d.ledger.up_count())
+            for s in d.ledger.slots:
+                self.kv_reserved.labels(name, s.gpu_id).set(s.used)
+                self.kv_budget.labels(name, s.gpu_id).set(s.budget)
+        for t in tenants:
+            self.tenant_queue_depth.labels(t).set(per_tenant.get(t, 0))
+        self.variance_buffer.set(core.predictor.variance_buffer)
 
     def serve(self, host: str, port: int) -> None:
         """Expose /metrics over HTTP (port 0 disables)."""

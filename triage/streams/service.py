@@ -8,10 +8,7 @@ either: every decision is the core's.
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
-import re
 import time
 from collections import deque
 from typing import Any
@@ -23,23 +20,21 @@ from triage.config.models import TenantConfig, TriageConfig
 from triage.streams import codec
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import Outbox
+from triage.streams.refusals import FailureLog, Refusals
 from triage.streams.store import StateStore
 from triage.topics.messages import (
     BucketState,
     ChatMessage,
     Completion,
     CompletionStatus,
-    DeadLetter,
     DeadLetterStage,
-    DecisionInputs,
-    DecisionRecord,
     GpuState,
     GpuStatus,
+    LiveRequest,
     LiveState,
-    Reply,
 )
 from triage.topics.names import TopicNames
-from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
+from triage.topics.reasons import Outcome, ReasonCode
 from triage.topics.validation import Invalid, Unparseable, check_request, parse_request
 
 log = logging.getLogger(__name__)
@@ -92,6 +87,12 @@ class AdmissionService:
         self._texts: dict[str, str] = {}
         self._learned_at = 0.0
         self.dedupe_ttl_s = config.admission.dedupe_ttl_s
+        self._refusals = Refusals(names=names, outbox=outbox, store=store, metrics=self.metrics,
+                                  done=self._done,
+                                  keep_bytes=config.admission.deadletter_value_bytes)
+        self._withdrawn: list[tuple[LiveRequest, ReasonCode, str]] = []
+        self._next_config: TriageConfig | None = None
+        self._failures = FailureLog(self.metrics)
 
     # --- recovery -------------------------------------------------------------------
     def restore(self, now: float) -> dict[str, int]:
@@ -108,14 +109,20 @@ class AdmissionService:
         if learned:
             self.core.predictor.restore(learned)
         done: list[tuple[float, str]] = []
+        self._withdrawn.clear()
         for rec in self.store.requests():
             if rec.state is LiveState.DONE:
                 done.append((rec.updated, rec.request_id))
                 continue
             d = self.core.dispatchers.get(rec.pool)
-            if d is None or rec.tenant not in self.core.gate.quotas:
-                log.warning("dropping live request %s: pool or tenant no longer configured",
-                            rec.request_id)
+            if rec.tenant not in self.core.gate.quotas:  # answered at the next tick
+                self._withdrawn.append((rec, ReasonCode.UNKNOWN_TENANT,
+                                        f"tenant {rec.tenant!r} was removed from the "
+                                        "configuration"))
+                continue
+            if d is None:
+                self._withdrawn.append((rec, ReasonCode.NO_CAPACITY,
+                                        f"pool {rec.pool!r} was removed from the configuration"))
                 continue
             p = codec.pending_from(rec)
             self._side[rec.request_id] = _Side(rec.prompt, dict(rec.metadata), rec.stream,
@@ -133,6 +140,7 @@ class AdmissionService:
         done.sort()
         self._done.extend(done)
         counts["done"] = len(done)
+        counts["withdrawn"] = len(self._withdrawn)
         log.info("restored admission state: %s", counts)
         self.metrics.ready.set(1)
         return counts
@@ -140,17 +148,71 @@ class AdmissionService:
     def add_tenant(self, tenant: TenantConfig) -> None:
         self.core.add_tenant(tenant)
 
+    def reconfigure(self, config: TriageConfig) -> None:
+        """Adopt a new tenant list at the next tick (inside an event, where tables may be
+        written). Added tenants join the running core; if any was removed the core is
+        rebuilt from the tables, as after a restart, and the removed tenants' live
+        requests are answered `rejected` (`unknown_tenant`)."""
+        self._next_config = config
+
+    def _apply_config(self, now: float) -> None:
+        config, self._next_config = self._next_config, None
+        if config is None:
+            return
+        removed = set(self.config.tenants_by_name) - set(config.tenants_by_name)
+        added = [t for t in config.tenants if t.name not in self.config.tenants_by_name]
+        self.config = config
+        if removed:
+            self._flush_buckets()
+            self.store.put_learned(LEARNED_KEY, self.core.predictor.snapshot())
+            self.restore(now)
+        else:
+            for t in added:
+                self.add_tenant(t)
+        log.info("configuration changed: tenants added %s, removed %s",
+                 sorted(t.name for t in added), sorted(removed))
+
+    def _answer_withdrawn(self, now: float) -> None:
+        withdrawn, self._withdrawn = self._withdrawn, []
+        for rec, reason, detail in withdrawn:
+            self._refusals.withdraw(rec, reason, detail, policy=self._policy(), now=now)
+
+    def _policy(self) -> tuple[str, str]:
+        return self.core.flags.name, self.core.flags.version
+
     # --- inputs -----------------------------------------------------------------------
     def on_request(
         self, *, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
         offset: int | None, now: float,
     ) -> None:
-        """A message on a tenant's request topic."""
+        """A message on a tenant's request topic. Never raises: a message that breaks its
+        handler is dead-lettered (and answered `invalid` when it names a fresh id) with a
+        log line, and the next message is served."""
+        try:
+            self._on_request(topic, key, value, partition, offset, now)
+        except Exception as exc:
+            self._failed("request", "gate", topic, exc, key, value, partition, offset, now)
+
+    def _failed(
+        self, handler: str, stage: DeadLetterStage, topic: str, exc: Exception,
+        key: bytes | None, value: bytes | None, partition: int | None, offset: int | None,
+        now: float,
+    ) -> None:
+        self._failures.log(handler, exc, topic, partition, offset)
+        self._refusals.failed(exc, topic=topic, partition=partition, offset=offset, key=key,
+                              value=value, stage=stage, now=now,
+                              live_in_core=lambda rid: self.core.live(rid), policy=self._policy)
+
+    def _on_request(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
+        offset: int | None, now: float,
+    ) -> None:
         tenant = self.names.tenant_of_request_topic(topic) or "unknown"
         self.metrics.child(self.metrics.requests, tenant).inc()
-        parsed = parse_request(value)
+        parsed = parse_request(value, max_bytes=self.config.admission.max_message_bytes)
         if isinstance(parsed, Unparseable):
-            self._dead_letter(topic, partition, offset, key, value, parsed.error, "gate", now)
+            self._refusals.dead_letter(topic, partition, offset, key, value, parsed.error,
+                                       "gate", now)
             self.metrics.invalid.labels(tenant, "unparseable").inc()
             return
         if isinstance(parsed, Invalid):
@@ -164,8 +226,11 @@ class AdmissionService:
         rid = req.request_id
         known = self.store.get_request(rid) if self.store.has_request(rid) else None
         if known is not None or self.core.live(rid):
+            # A redelivery, or the id reused. A live request's last (non-terminal) reply
+            # is sent again; a finished one's terminal reply never is: one per id.
             self.metrics.duplicates.labels(tenant).inc()
-            if known is not None and known.last_reply is not None:
+            if known is not None and known.state is not LiveState.DONE \
+                    and known.last_reply is not None:
                 self.outbox.send(self.names.replies(tenant), rid, known.last_reply)
             return
         t0 = time.perf_counter()
@@ -185,12 +250,20 @@ class AdmissionService:
     def on_completion(self, value: bytes | None, *, key: bytes | None = None,
                       partition: int | None = None, offset: int | None = None,
                       now: float) -> None:
-        """A worker finished (or stopped) an attempt."""
+        """A worker finished (or stopped) an attempt. Never raises (as on_request)."""
+        try:
+            self._on_completion(value, key, partition, offset, now)
+        except Exception as exc:
+            self._failed("completion", "completions", self.names.completions, exc, key, value,
+                         partition, offset, now)
+
+    def _on_completion(self, value: bytes | None, key: bytes | None, partition: int | None,
+                       offset: int | None, now: float) -> None:
         try:
             c = Completion.from_bytes(value or b"")
         except ValueError as exc:
-            self._dead_letter(self.names.completions, partition, offset, key, value, str(exc),
-                              "completions", now)
+            self._refusals.dead_letter(self.names.completions, partition, offset, key, value,
+                                       str(exc), "completions", now)
             return
         d = self.core.dispatchers.get(c.pool)
         if d is None:
@@ -221,12 +294,21 @@ class AdmissionService:
     def on_status(self, value: bytes | None, *, key: bytes | None = None,
                   partition: int | None = None, offset: int | None = None,
                   now: float) -> None:
-        """A GPU heartbeat: capacity, utilization, health, joins and departures."""
+        """A GPU heartbeat: capacity, utilization, health, joins and departures. Never
+        raises (as on_request)."""
+        try:
+            self._on_status(value, key, partition, offset, now)
+        except Exception as exc:
+            self._failed("status", "status", self.names.gpu_status, exc, key, value,
+                         partition, offset, now)
+
+    def _on_status(self, value: bytes | None, key: bytes | None, partition: int | None,
+                   offset: int | None, now: float) -> None:
         try:
             st = GpuStatus.from_bytes(value or b"")
         except ValueError as exc:
-            self._dead_letter(self.names.gpu_status, partition, offset, key, value, str(exc),
-                              "status", now)
+            self._refusals.dead_letter(self.names.gpu_status, partition, offset, key, value,
+                                       str(exc), "status", now)
             return
         d = self.core.dispatchers.get(st.pool)
         if d is None:
@@ -242,7 +324,17 @@ class AdmissionService:
         self._emit(decisions, now)
 
     def on_tick(self, now: float) -> None:
-        """Timeouts, dispatch, hysteresis; then write state that is kept behind."""
+        """Timeouts, dispatch, hysteresis; then write state that is kept behind. Never
+        raises: a failure is logged and counted, and the next tick runs."""
+        try:
+            self._on_tick(now)
+        except Exception as exc:
+            self._failures.log("tick", exc, self.names.admission, None, None)
+
+    def _on_tick(self, now: float) -> None:
+        self._apply_config(now)
+        if self._withdrawn:
+            self._answer_withdrawn(now)
         t0 = time.perf_counter()
         decisions = self.core.tick(now)
         self.metrics.decision_latency.labels("tick").observe(time.perf_counter() - t0)
@@ -344,37 +436,9 @@ class AdmissionService:
         self, tenant: str, problem: Invalid, topic: str, partition: int | None,
         offset: int | None, key: bytes | None, value: bytes | None, now: float,
     ) -> None:
-        """Answer `invalid` on the topic's tenant's reply topic; keep the bytes too."""
-        self.metrics.invalid.labels(tenant, problem.reason.value).inc()
-        self._dead_letter(topic, partition, offset, key, value, problem.detail, "gate", now)
-        if self.names.tenant_of_request_topic(topic) is None:
-            return  # not a tenant's topic: nobody to answer
-        reply = Reply(request_id=problem.request_id, tenant=tenant, status=ReplyStatus.INVALID,
-                      reason=problem.reason, detail=problem.detail[:2000], at_ms=codec.ms(now))
-        self.outbox.send(self.names.replies(tenant), problem.request_id, reply)
-        model = _model_hint(value)
-        record = DecisionRecord(
-            request_id=problem.request_id, tenant=tenant, model=model, outcome=Outcome.INVALID,
-            reason=problem.reason, policy=self.core.flags.name,
-            policy_version=self.core.flags.version, at_ms=codec.ms(now),
-            inputs=DecisionInputs(detail=problem.detail[:2000]),
-        )
-        self.outbox.send(self.names.decisions, problem.request_id, record)
-        self.metrics.admissions.labels(tenant, model, Outcome.INVALID.value,
-                                       problem.reason.value).inc()
-
-    def _dead_letter(
-        self, topic: str, partition: int | None, offset: int | None, key: bytes | None,
-        value: bytes | None, error: str, stage: DeadLetterStage, now: float,
-    ) -> None:
-        dl = DeadLetter(
-            source_topic=topic, partition=partition, offset=offset,
-            key=key.decode(errors="replace") if key else None,
-            value_b64=base64.b64encode(value or b"").decode(), error=error[:4000],
-            stage=stage,
-            at_ms=codec.ms(now),
-        )
-        self.outbox.send_raw(self.names.deadletter, key, dl.to_bytes())
+        self._refusals.invalid(tenant, problem, live_in_core=self.core.live(problem.request_id),
+                               policy=self._policy(), topic=topic, partition=partition,
+                               offset=offset, key=key, value=value, now=now)
 
     # --- kept-behind state and gauges -------------------------------------------------
     def _flush_buckets(self) -> None:
@@ -394,34 +458,4 @@ class AdmissionService:
                 self.store.delete_request(rid)
 
     def _observe_gauges(self) -> None:
-        m = self.metrics
-        per_tenant: dict[str, int] = {}
-        for name, d in self.core.dispatchers.items():
-            depth = len(d.queue)
-            m.queue_depth.labels(name).set(depth)
-            m.queue_depth_hist.labels(name).observe(depth)
-            for t, c in d.queue.tenant_count.items():
-                per_tenant[t] = per_tenant.get(t, 0) + c
-            m.preemption_rate.labels(name).set(d.stats.preemption_rate)
-            m.pool_utilization.labels(name).set(d.monitor.utilization)
-            m.tightened.labels(name).set(1 if d.monitor.tightened else 0)
-            m.autoscale.labels(name).set(1 if d.monitor.autoscale else 0)
-            m.gpus_up.labels(name).set(d.ledger.up_count())
-            for s in d.ledger.slots:
-                m.kv_reserved.labels(name, s.gpu_id).set(s.used)
-                m.kv_budget.labels(name, s.gpu_id).set(s.budget)
-        for t in self.config.tenants_by_name:
-            m.tenant_queue_depth.labels(t).set(per_tenant.get(t, 0))
-        m.variance_buffer.set(self.core.predictor.variance_buffer)
-
-
-def _model_hint(value: bytes | None) -> str:
-    """The model an invalid request named, if it named a usable one (for the audit log)."""
-    try:
-        data: Any = json.loads(value or b"")
-    except ValueError:
-        return "unknown"
-    model = data.get("model") if isinstance(data, dict) else None
-    if isinstance(model, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}", model):
-        return model
-    return "unknown"
+        self.metrics.observe_core(self.core, self.config.tenants_by_name)

@@ -7,15 +7,19 @@ a NaN, an empty id or an absurd token count is refused with the field's name.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 from enum import StrEnum
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from triage.topics.jsonsafe import is_unicode, safe_text
 from triage.topics.reasons import Outcome, ReasonCode, ReplyStatus
 
 MAX_TOKENS = 10_000_000  # more than any context window in service: larger is a bug upstream
 MAX_SLA_MS = 24 * 3600 * 1000
+DEADLETTER_KEEP_BYTES = 65_536  # admission.deadletter_value_bytes's default
 
 RequestId = Annotated[
     str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$")
@@ -72,7 +76,11 @@ class ChatMessage(Message):
 
 
 class InferenceRequest(Message):
-    """What a tenant asks for: a completion of at most max_tokens after a prompt."""
+    """What a tenant asks for: a completion of at most max_tokens after a prompt. Strict
+    in every field (the one message written by outsiders): `"stream": "yes"` or
+    `"prompt_tokens": 1.0` is refused, not coerced; text must be valid Unicode."""
+
+    model_config = ConfigDict(strict=True)
 
     request_id: RequestId
     tenant: TenantName
@@ -95,6 +103,21 @@ class InferenceRequest(Message):
     )
     attempt: Annotated[int, Field(ge=0, le=1000, strict=True)] = 0
     metadata: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_is_text(cls, v: str | None) -> str | None:
+        if v is not None and not is_unicode(v):
+            raise ValueError("holds a lone UTF-16 surrogate, which is not a character")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_is_text(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, x in v.items():
+            if not (is_unicode(k) and is_unicode(x)):
+                raise ValueError("holds a lone UTF-16 surrogate, which is not a character")
+        return v
 
     @model_validator(mode="after")
     def _sane_total(self) -> Self:
@@ -333,16 +356,37 @@ DeadLetterStage = Literal["gate", "dispatcher", "worker", "completions", "status
 
 
 class DeadLetter(Message):
-    """Input that could not be parsed, kept with the reason (topic triage.deadletter)."""
+    """Input that could not be used, kept with the reason (topic triage.deadletter). The
+    value is cut to a bound (`value_b64` holds its first bytes) so a dead letter always
+    fits the producer; its full size and SHA-256 identify the original."""
 
     source_topic: str
     partition: int | None = None
     offset: int | None = None
     key: str | None = None
     value_b64: str
+    value_bytes: Annotated[int, Field(ge=0)] | None = None  # size of the original value
+    value_sha256: str | None = None  # hex digest of the original value
+    truncated: bool = False  # value_b64 holds only the first bytes
     error: str
     stage: DeadLetterStage = "gate"
     at_ms: EpochMs
+
+    @classmethod
+    def of(
+        cls, *, source_topic: str, partition: int | None, offset: int | None,
+        key: bytes | None, value: bytes | None, error: str, stage: DeadLetterStage,
+        at_ms: int, keep_bytes: int = DEADLETTER_KEEP_BYTES,
+    ) -> DeadLetter:
+        """A dead letter of bounded size for any input (however large or odd)."""
+        raw = value or b""
+        return cls(
+            source_topic=source_topic, partition=partition, offset=offset,
+            key=None if not key else safe_text(key.decode(errors="replace"), 256),
+            value_b64=base64.b64encode(raw[:keep_bytes]).decode(), value_bytes=len(raw),
+            value_sha256=hashlib.sha256(raw).hexdigest(), truncated=len(raw) > keep_bytes,
+            error=safe_text(error, 4000), stage=stage, at_ms=at_ms,
+        )
 
 
 class Tick(Message):

@@ -16,7 +16,6 @@ worker sends none unless ``send_replies`` is set, to keep "exactly one terminal 
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
 import contextlib
 import logging
@@ -390,12 +389,8 @@ class Worker:
 
     def _dead_letter(self, value: bytes, key: bytes | None, pos: Pos, error: str) -> None:
         log.error("%s: %s at %s[%d]@%d", self.gpu_id, error[:300], *pos)
-        dl = DeadLetter(
-            source_topic=pos[0], partition=pos[1], offset=pos[2],
-            key=key.decode(errors="replace") if key else None,
-            value_b64=base64.b64encode(value).decode(), error=error[:2000], stage="worker",
-            at_ms=epoch_ms(),
-        )  # fmt: skip
+        dl = DeadLetter.of(source_topic=pos[0], partition=pos[1], offset=pos[2], key=key,
+                           value=value, error=error, stage="worker", at_ms=epoch_ms())
         assert self._producer is not None
         fut = self._producer.send(self.topics.deadletter, dl.key or "", dl)
         fut.add_done_callback(lambda f: self._tracker.finished(*pos) if not f.exception() else None)
