@@ -173,6 +173,17 @@ def poison_corpus(
     yield answered("prompt-over-limit", Expect.INVALID, prompt="p" * (max_prompt_bytes + 1))
     yield answered("prompt-2mb", Expect.INVALID, prompt="p" * (2 * 1024 * 1024))
     yield answered("prompt-4m-chars", Expect.INVALID, prompt="x" * 4_000_000)
+    yield answered("messages-not-a-list", Expect.INVALID, messages={"role": "user"})
+    yield answered("messages-bad-role", Expect.INVALID,
+                   messages=[{"role": "root", "content": "hi"}])
+    yield answered("messages-content-number", Expect.INVALID,
+                   messages=[{"role": "user", "content": 7}])
+    yield raw("messages-lone-surrogate", Expect.INVALID, lambda r: (
+        f'{{"request_id":"{r}",{head},"messages":[{{"role":"user","content":"\\ud800"}}]}}'
+        .encode()))
+    yield answered("messages-over-limit", Expect.INVALID, prompt=_DROP,
+                   messages=[{"role": "user", "content": "m" * (max_prompt_bytes // 2 + 8)},
+                             {"role": "user", "content": "m" * (max_prompt_bytes // 2 + 8)}])
 
     # --- odd but valid: decided as usual ------------------------------------------------
     served = answered("prompt-null", Expect.SERVED, prompt=None)
@@ -186,6 +197,9 @@ def poison_corpus(
                    metadata={f"k{i}": "v" * 1000 for i in range(64)})
     yield raw("whitespace-around", Expect.SERVED, lambda r: b" \n" + js(body(r)) + b"\n ")
     yield raw("keys-reordered", Expect.SERVED, lambda r: js(dict(reversed(body(r).items()))))
+    yield answered("chat-messages", Expect.SERVED, prompt=_DROP,
+                   messages=[{"role": "system", "content": "be brief"},
+                             {"role": "user", "content": "hi \u00e9"}])
     near = max_prompt_bytes - 4096  # leaves room for the rest of the message
     for i in range(3):  # sent back to back: some must queue (their records near 1 MB)
         yield answered(f"prompt-near-limit-{i}", Expect.SERVED, prompt="q" * near)

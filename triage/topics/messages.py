@@ -68,11 +68,21 @@ class Message(BaseModel):
 
 
 class ChatMessage(Message):
-    """One turn of a chat prompt (OpenAI's chat format, text content only)."""
+    """One turn of a chat prompt (OpenAI's chat format, text content only). Strict, and
+    its text valid Unicode, as the request that carries it."""
+
+    model_config = ConfigDict(strict=True)
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str = Field(max_length=4_000_000)
     name: str | None = Field(None, max_length=64)
+
+    @field_validator("content", "name")
+    @classmethod
+    def _is_text(cls, v: str | None) -> str | None:
+        if v is not None and not is_unicode(v):
+            raise ValueError("holds a lone UTF-16 surrogate, which is not a character")
+        return v
 
 
 class InferenceRequest(Message):

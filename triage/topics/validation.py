@@ -147,11 +147,13 @@ def check_request(
             f"tenant {req.tenant!r} may call {', '.join(tenant.models)}, not {req.model!r}",
         )
     limit = config.admission.max_prompt_bytes
-    if req.prompt is not None and len(req.prompt) * 4 > limit:  # UTF-8: <= 4 bytes a char
-        size = len(req.prompt.encode("utf-8"))
+    texts = [req.prompt or "", *(m.content for m in req.messages or ())]
+    if sum(map(len, texts)) * 4 > limit:  # UTF-8 takes at most 4 bytes a character
+        size = sum(len(t.encode("utf-8")) for t in texts)
         if size > limit:
+            what = "prompt" if req.messages is None else "prompt and messages"
             return Invalid(rid, ReasonCode.INVALID_REQUEST,
-                           f"prompt is {size} bytes of UTF-8, above the {limit}-byte limit "
+                           f"{what}: {size} bytes of UTF-8, above the {limit}-byte limit "
                            "(admission.max_prompt_bytes)", req.model)
     total = req.prompt_tokens + req.max_tokens
     if total > model.context_tokens:
