@@ -44,7 +44,7 @@ def poison_corpus(
     context_tokens: int = 8192, max_message_bytes: int = 900_000,
     max_prompt_bytes: int = 800_000,
 ) -> Iterator[Poison]:
-    """The corpus, in sending order (62 kinds and more)."""
+    """The corpus, in sending order (97 kinds)."""
     n = 0
 
     def rid(name: str) -> str:

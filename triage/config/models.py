@@ -294,8 +294,8 @@ class AdmissionAppConfig(StrictModel):
     )
     max_prompt_bytes: Annotated[int, Field(ge=1, le=MESSAGE_BYTES_CEILING)] = Field(
         800_000,
-        description="Largest prompt accepted, in UTF-8 bytes; a longer one is answered "
-        "`invalid`. At most max_message_bytes.",
+        description="Largest prompt accepted, in UTF-8 bytes (the prompt plus every chat "
+        "message's content); a longer one is answered `invalid`. At most max_message_bytes.",
     )
     deadletter_value_bytes: Annotated[int, Field(ge=0, le=262_144)] = Field(
         65_536,
