@@ -23,6 +23,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# The full policy with work conservation off: for tests of the quota's own mechanics
+# (with it on, an idle pool serves over-quota requests as overage instead of refusing).
+QUOTA_BINDS: dict[str, Any] = {"preset": "full", "overage_when_idle": False}
+
+
 def fast_config(
     bootstrap: str, names: TopicNames, tmp: Path, *, tenants: list[dict[str, Any]],
     gpus: int = 2, kv_budget_gib: float = 40.0, policy: dict[str, Any] | None = None,

@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from harness import System, fast_config, free_port, running
+from harness import QUOTA_BINDS, System, fast_config, free_port, running
 
 from triage.client import InferenceRequest, TriageClient
 from triage.demo.processes import ChildProcess, scrape
@@ -71,7 +71,7 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
     cfg = fast_config(kafka_bootstrap, names, tmp, gpus=1, tenants=[
         _tenant("acme"),
         _tenant("tiny", rate_tokens_per_s=TINY_RATE, burst_tokens=TINY_BURST),
-    ], worker={"stream_chunk_tokens": 4, "stream_chunk_ms": 20})
+    ], worker={"stream_chunk_tokens": 4, "stream_chunk_ms": 20}, policy=QUOTA_BINDS)
     keys = tmp / "keys.yaml"
     keys.write_text(
         "keys:\n"

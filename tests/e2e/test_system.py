@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from harness import fast_config, running
+from harness import QUOTA_BINDS, fast_config, running
 from typer.testing import CliRunner
 
 from triage.cli.main import app
@@ -74,7 +74,7 @@ def test_five_thousand_requests_each_end_in_exactly_one_terminal_reply(
         tenant("bursty", rate_tokens_per_s=5_000, burst_tokens=10_000, max_debt_tokens=2_000),
         tenant("batch", rate_tokens_per_s=4_000, burst_tokens=8_000, allow_overage=True,
                max_queue_wait_ms=20_000),
-    ])
+    ], policy=QUOTA_BINDS)
     rng = random.Random(5)
     arrivals = []
     for i in range(5000):
@@ -162,7 +162,7 @@ def test_quota_hints_are_right_queues_time_out_audit_explains_and_metrics_are_se
                           tenant("quota", rate_tokens_per_s=200, burst_tokens=2000,
                                  output_ratio_prior=1.0),
                           tenant("waits", max_queue_wait_ms=1000, output_ratio_prior=1.0),
-                      ])
+                      ], policy=QUOTA_BINDS)
     names = topic_names
     with running(cfg, tmp_path, workers=False) as system:  # no worker: nothing ever frees
         def req(rid: str, t: str, prompt: int, mx: int) -> InferenceRequest:
@@ -216,7 +216,8 @@ def test_a_restarted_admission_app_recovers_its_buckets_from_the_changelog(
     kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
 ) -> None:
     cfg = fast_config(kafka_bootstrap, topic_names, tmp_path, tenants=[
-        tenant("slow", rate_tokens_per_s=5, burst_tokens=3000, output_ratio_prior=1.0)])
+        tenant("slow", rate_tokens_per_s=5, burst_tokens=3000, output_ratio_prior=1.0)],
+        policy=QUOTA_BINDS)
     names = topic_names
 
     def req(rid: str) -> InferenceRequest:
