@@ -161,8 +161,9 @@ def test_raw_sse_ends_with_done(stack: Stack) -> None:
 
 def test_quota_refusal_is_429_with_retry_after(stack: Stack) -> None:
     client = stack.client(TINY_KEY)
-    # cost = prompt (4) + expected output (0.7 x 130 = 91) = 95 of the 100-token burst
-    client.completions.create(model="small", prompt="Once upon a time", max_tokens=130)
+    # a 95-token prompt (380 bytes / 4) and one output token: it uses what it is charged,
+    # so settling the charge to the tokens used gives nothing back to the 100-token burst
+    client.completions.create(model="small", prompt="word " * 76, max_tokens=1)
     with pytest.raises(openai.RateLimitError) as info:  # costs >= 4 + 0.2 x 80 = 20
         client.completions.create(model="small", prompt="Once upon a time", max_tokens=80)
     resp = info.value.response
