@@ -23,7 +23,7 @@ from triage.config.models import TenantConfig, TriageConfig
 from triage.streams import codec
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import Outbox
-from triage.streams.store import StateStore
+from triage.streams.store import Bucket, StateStore
 from triage.topics.messages import (
     BucketState,
     ChatMessage,
@@ -35,6 +35,7 @@ from triage.topics.messages import (
     DecisionRecord,
     GpuState,
     GpuStatus,
+    LiveRequest,
     LiveState,
     Reply,
 )
@@ -83,6 +84,7 @@ class AdmissionService:
         self.names = names
         self.outbox = outbox
         self.store = store
+        store.carry_outputs(outbox.pending_for)  # every record carries its uncommitted outputs
         self.metrics = metrics or AdmissionMetrics()
         self.expect_heartbeats = expect_heartbeats
         self.core = AdmissionCore(config, expect_heartbeats=expect_heartbeats)
@@ -91,6 +93,7 @@ class AdmissionService:
         self._dirty_buckets: set[str] = set()
         self._texts: dict[str, str] = {}
         self._learned_at = 0.0
+        self._op = 0  # orders bucket snapshots within one process (see store.Bucket)
         self.dedupe_ttl_s = config.admission.dedupe_ttl_s
 
     # --- recovery -------------------------------------------------------------------
@@ -99,16 +102,27 @@ class AdmissionService:
         self.core = AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats)
         self._side.clear()
         self._done.clear()
-        counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0}
-        for tenant, state in self.store.buckets():
-            if tenant in self.core.gate.quotas:
-                self.core.gate.bucket(tenant).restore(state.model_dump())
-                counts["buckets"] += 1
+        counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0,
+                  "replayed": 0}
+        newest: dict[str, Bucket] = dict(self.store.buckets())
         learned = self.store.get_learned(LEARNED_KEY)
         if learned:
             self.core.predictor.restore(learned)
         done: list[tuple[float, str]] = []
-        for rec in self.store.requests():
+        envelopes = list(self.store.envelopes())
+        highest = max((b.stamp[0] for b in newest.values()), default=0)
+        for _rid, env in envelopes:
+            highest = max(highest, env.tenant_bucket.stamp[0] if env.tenant_bucket else 0,
+                          *(seq for seq, _, _ in env.outputs))
+        # batches are numbered above anything stored; uncommitted outputs go out again
+        self.outbox.resume_after(self.outbox.confirmed, highest)
+        for rid, env in envelopes:
+            counts["replayed"] += self.outbox.replay(rid, env.outputs)
+        for _rid, env in envelopes:
+            rec = LiveRequest.from_bytes(env.record)
+            b = env.tenant_bucket
+            if b is not None and (rec.tenant not in newest or b.stamp > newest[rec.tenant].stamp):
+                newest[rec.tenant] = b
             if rec.state is LiveState.DONE:
                 done.append((rec.updated, rec.request_id))
                 continue
@@ -130,6 +144,10 @@ class AdmissionService:
             else:
                 d.restore_queued(p)
                 counts["queued"] += 1
+        for tenant, b in newest.items():
+            if tenant in self.core.gate.quotas:
+                self.core.gate.bucket(tenant).restore({"level": b.level, "updated": b.updated})
+                counts["buckets"] += 1
         done.sort()
         self._done.extend(done)
         counts["done"] = len(done)
@@ -164,8 +182,11 @@ class AdmissionService:
         rid = req.request_id
         known = self.store.get_request(rid) if self.store.has_request(rid) else None
         if known is not None or self.core.live(rid):
+            # A redelivery, or the id reused. A live request's last (non-terminal) reply
+            # is sent again; a finished one's terminal reply never is: one per id.
             self.metrics.duplicates.labels(tenant).inc()
-            if known is not None and known.last_reply is not None:
+            if known is not None and known.state is not LiveState.DONE \
+                    and known.last_reply is not None:
                 self.outbox.send(self.names.replies(tenant), rid, known.last_reply)
             return
         t0 = time.perf_counter()
@@ -261,7 +282,6 @@ class AdmissionService:
         names = self.names
         out = self.outbox
         m = self.metrics
-        store = self.store
         for d in decisions:
             rid = d.request_id
             key = rid.encode()
@@ -293,7 +313,7 @@ class AdmissionService:
             out.send_raw(names.replies(d.tenant), key, codec.reply_bytes(reply))
             state = _LIVE_STATE.get(d.outcome)
             if state is not None and p is not None:
-                store.put_request_raw(rid, codec.live_record(
+                self._put_record(rid, d.tenant, codec.live_record(
                     p, state, prompt=side.prompt if side else None,
                     metadata=side.metadata if side else {}, last_reply=reply, now=now,
                     stream=side.stream if side else False,
@@ -327,8 +347,19 @@ class AdmissionService:
             if prev is None:
                 return
             rec = codec.finished_record(prev, reply, now)
-        self.store.put_request_raw(d.request_id, rec)
+        self._put_record(d.request_id, d.tenant, rec)
         self._done.append((now, d.request_id))
+
+    def _put_record(self, rid: str, tenant: str, raw: bytes) -> None:
+        """Write a request's record with the outputs it caused that are not committed yet
+        and its tenant's bucket as this decision left it (crash safety: both are durable
+        at the same point as the record; see outbox.py and store.py)."""
+        bucket = None
+        if tenant in self.core.gate.quotas:
+            self._op += 1
+            bk = self.core.gate.bucket(tenant)
+            bucket = Bucket(bk.level, bk.updated, (self.outbox.seq, self._op))
+        self.store.put_request_raw(rid, raw, bucket=bucket)
 
     def _violation(self, d: Decision, side: _Side | None) -> None:
         queued_for = side.queued_for if side else None
@@ -380,7 +411,9 @@ class AdmissionService:
     def _flush_buckets(self) -> None:
         for tenant in self._dirty_buckets:
             b = self.core.gate.bucket(tenant)
-            self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated))
+            self._op += 1
+            self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated),
+                                  (self.outbox.seq, self._op))
             self.metrics.bucket_level.labels(tenant).set(b.level)
         self._dirty_buckets.clear()
 
