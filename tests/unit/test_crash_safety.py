@@ -128,12 +128,13 @@ def test_bucket_consumption_survives_a_crash_before_any_tick() -> None:
     """Issue 12 item 5: no fresh burst after kill -9. The bucket table is written on ticks;
     the record of the decision that drained the bucket carries it too."""
     store = MappingStore.in_memory()
-    svc, out = _boot(store, rate_tokens_per_s=1.0, burst_tokens=10_000)
+    kw = {"rate_tokens_per_s": 1.0, "burst_tokens": 2000.0, "output_ratio_prior": 1.0}
+    svc, out = _boot(store, **kw)
     svc.on_tick(0.5)  # bucket table holds the full bucket
-    _send(svc, "r1", 1.0, prompt=4000, max_tokens=1000)
+    _send(svc, "r1", 1.0, prompt=1000, max_tokens=100)
     level = svc.core.gate.bucket("a").level
-    assert level < 10_000 - 4000
-    svc2, _ = _boot(store, out.confirmed, rate_tokens_per_s=1.0, burst_tokens=10_000)
+    assert level < 2000.0 - 1000
+    svc2, _ = _boot(store, out.confirmed, **kw)
     assert abs(svc2.core.gate.bucket("a").level - level) < 1e-6
 
 
