@@ -1,0 +1,1 @@
+"""The fault suite: the real system on loopback, faults injected, answers counted."""

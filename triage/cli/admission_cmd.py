@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
+import threading
+import time
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -26,6 +30,10 @@ class LogLevel(StrEnum):
     WARN = "warn"
     INFO = "info"
     DEBUG = "debug"
+
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 20.0  # SIGTERM must stop the app within 30 s, whatever state it is in
 
 
 def register(app: typer.Typer) -> None:
@@ -81,5 +89,27 @@ def admission(
         raise fail(str(exc), ExitCode.USAGE) from None
     except OSError as exc:  # the metrics port taken, an unwritable datadir
         raise fail(f"cannot start the admission app: {exc}", ExitCode.FAILED) from None
-    worker = faust.Worker(built.app, loglevel=loglevel.value, quiet=True)
+
+    class Worker(faust.Worker):
+        def _schedule_shutdown(self, signal: Any) -> None:
+            _exit_after(STOP_GRACE_S)
+            super()._schedule_shutdown(signal)
+
+    worker = Worker(built.app, loglevel=loglevel.value, quiet=True)
     worker.execute_from_commandline()
+
+
+def _exit_after(grace_s: float) -> None:
+    """A graceful stop that hangs (its broker gone, a stuck handler) must not keep the
+    process alive: exit after `grace_s`. Nothing is lost by it: outputs not yet committed
+    are replayed and inputs not yet committed are read again on the next start
+    (docs/reliability.md, "Shutdown")."""
+
+    def watchdog() -> None:
+        time.sleep(grace_s)
+        log.error("graceful stop still running after %.0fs: exiting now (uncommitted "
+                  "work is replayed on the next start)", grace_s)
+        logging.shutdown()
+        os._exit(int(ExitCode.UNAVAILABLE))  # 3: the stop was cut short
+
+    threading.Thread(target=watchdog, name="stop-watchdog", daemon=True).start()

@@ -10,6 +10,7 @@ from triage.cli import (
     admission_cmd,
     audit_cmd,
     bench_cmd,
+    chaos_cmd,
     config_cmd,
     demo_cmd,
     experiments_cmd,
@@ -43,7 +44,7 @@ app.add_typer(bench_cmd.app, name="bench")
 app.add_typer(config_cmd.app, name="config")
 for module in (
     schema_cmd, admission_cmd, worker_cmd, submit_cmd, audit_cmd, demo_cmd, sim_cmd, replay_cmd,
-    experiments_cmd, gateway_cmd,
+    experiments_cmd, gateway_cmd, chaos_cmd,
 ):
     module.register(app)
 

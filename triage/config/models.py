@@ -286,6 +286,12 @@ class AdmissionAppConfig(StrictModel):
     datadir: str = "var/admission"
     web_port: Annotated[int, Field(ge=1, le=65535)] = 6066
     dedupe_ttl_s: PositiveFloat = 3600.0
+    static_membership: bool = Field(
+        True, description="Join the consumer group with a fixed group.instance.id, so a "
+        "restarted app gets its partitions back at once (docs/reliability.md, Failover).")
+    session_timeout_s: Annotated[float, Field(ge=6.0, le=300.0)] = Field(
+        10.0, description="Consumer-group session timeout: how long a dead app keeps its "
+        "partitions when it does not come back.")
     max_message_bytes: Annotated[int, Field(ge=4096, le=MESSAGE_BYTES_CEILING)] = Field(
         900_000,
         description="Largest request message accepted, in bytes; larger ones are answered "

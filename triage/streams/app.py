@@ -8,8 +8,12 @@ Every handler is a call into AdmissionService; this module only wires Faust to i
   Every input topic of this app has one partition, so each table has one too.
 - After recovery, the service rebuilds the core's queue, ledger, buckets and
   predictor from the tables (`on_rebalance_complete`).
-- Outputs go through a confluent-kafka producer that is flushed before Faust commits
-  input offsets, so a crash never commits a request whose answers were not sent.
+- Outputs are staged in batches; a batch commits in one Kafka transaction after the
+  changelog writes behind it are flushed, and input offsets commit only after every batch
+  made from them (outbox.py, docs/reliability.md "Crash safety"). Recovery re-sends
+  the outputs of batches that never committed, from the table records that carry them.
+- Every Kafka call in timers retries with backoff; /ready and /live report whether the
+  app is deciding (health.py).
 - New tenants' request topics are found by a discovery timer and added to the
   subscription without a restart; tenants added to or removed from the config file are
   picked up too (docs/reliability.md, "Config changes").
@@ -28,6 +32,7 @@ from typing import Any
 
 import faust
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.types import TP
 
 from triage.config.checks import runnable_problem
 from triage.config.load import load_config, tenant_change
@@ -35,8 +40,11 @@ from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
 from triage.kafka.security import faust_credentials, use_kafka_security
 from triage.streams import faust_fixes
+from triage.streams.gaps import GapGuard, committed_offsets, read_range
+from triage.streams.health import Health
+from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import KafkaOutbox
+from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
 from triage.streams.service import AdmissionService
 from triage.streams.store import BUCKETS, LEARNED, REQUESTS, MappingStore
 from triage.topics.admin import TopicSpec, create_topics, ensure_topics, topic_layout
@@ -46,6 +54,7 @@ from triage.topics.names import TopicKind, TopicNames
 log = logging.getLogger(__name__)
 
 DISCOVERY_S = 3.0
+CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch adds)
 
 
 @dataclass
@@ -62,6 +71,10 @@ class AdmissionApp:
     restored: bool = False
     subscribed: set[str] = field(default_factory=set)
     unassigned_since: dict[str, float] = field(default_factory=dict)  # subscribed, not read yet
+    health: Health = field(default_factory=Health)
+    committer: Committer | None = None
+    http_port: int = 0
+    discovery_failures: int = 0
 
 
 FETCH_MAX_WAIT_MS = 20
@@ -97,15 +110,27 @@ def build_app(
     names = TopicNames(k.topic_prefix)
     use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
-    outbox = KafkaOutbox(k.bootstrap_servers)
+    app_id = f"{names.prefix}.app.{config.admission.app_id}"
+    marks = f"{app_id}.outbox"
+    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, 1,
+                                                  k.replication_factor)])
+    outbox = KafkaOutbox(k.bootstrap_servers, transactional_id=f"{app_id}.outbox",
+                         marks_topic=marks)
+    outbox.start()
     _short_fetch_wait()
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(names.requests_pattern)
 
     app = faust.App(
-        f"{names.prefix}.app.{config.admission.app_id}",
+        app_id,
         broker=f"kafka://{k.bootstrap_servers}",
         broker_credentials=faust_credentials(k.security),
+        # Static membership: a restarted app (same instance id) gets its partitions back
+        # at once instead of waiting out the dead member's session (docs/reliability.md).
+        consumer_group_instance_id=(f"{app_id}.instance" if config.admission.static_membership
+                                    else None),
+        broker_session_timeout=config.admission.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, config.admission.session_timeout_s / 5),
         store="rocksdb://",
         datadir=datadir or config.admission.datadir,
         topic_partitions=1,
@@ -143,25 +168,48 @@ def build_app(
     metrics = AdmissionMetrics()
     service = AdmissionService(config, names=names, outbox=outbox, store=store,
                                metrics=metrics)
+    health = Health(assigned=lambda: len(app.consumer.assignment()))
+    committer = Committer(app, outbox, health)
+    gaps = GapGuard()
     admission = AdmissionApp(app=app, service=service, outbox=outbox, names=names,
                              request_topic=request_topic, config_path=config_path,
-                             subscribed=set(initial))
+                             subscribed=set(initial), health=health, committer=committer)
     port = config.metrics.admission_port if metrics_port is None else metrics_port
-    metrics.serve(config.metrics.host, port)
+    admission.http_port = metrics.serve(config.metrics.host, port, ready=health.check,
+                                        live=health.live)
 
     # --- recovery: rebuild the core once the tables are back ----------------------------
     @app.on_rebalance_complete.connect
     async def _rebuilt(sender: Any, /, *_args: Any, signal: Any, **_kw: Any) -> None:
         if not admission.restored:
+            committer.install()
+            gaps.start_at(await asyncio.to_thread(committed_offsets, k.bootstrap_servers,
+                                                  app_id, sorted(admission.subscribed)))
             service.restore(time.time())
-            admission.restored = True
-            _flush_outbox_before_commits(app, outbox)
+            admission.restored = health.restored = True
+            health.ticked()
+
+    @app.on_before_shutdown.connect
+    async def _stopping(sender: Any, /, *_args: Any, **_kw: Any) -> None:
+        outbox.stop()  # no more waiting on the broker: uncommitted outputs replay on restart
 
     # --- agents ----------------------------------------------------------------------
     @app.agent(request_topic, concurrency=1)
     async def requests(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            skipped = gaps.check(msg.topic, msg.partition, msg.offset)
+            if skipped is not None:  # see gaps.py: read what Faust jumped over first
+                start, end = skipped
+                log.error("request offsets %s[%d] %d..%d were skipped at startup: reading "
+                          "them again", msg.topic, msg.partition, start, end - 1)
+                missed = await asyncio.to_thread(read_range, k.bootstrap_servers,
+                                                 f"{app_id}.gap-reader", msg.topic,
+                                                 msg.partition, start, end)
+                for off, key, value in missed:
+                    service.on_request(topic=msg.topic, key=key, value=value,
+                                       partition=msg.partition, offset=off, now=time.time())
+                gaps.recovered += len(missed)
             service.on_request(topic=msg.topic, key=event.key, value=event.value,
                                partition=msg.partition, offset=msg.offset, now=time.time())
 
@@ -172,29 +220,65 @@ def build_app(
             service.on_completion(event.value, key=event.key, partition=msg.partition,
                                   offset=msg.offset, now=time.time())
 
+    guard = HeartbeatGuard(time.monotonic)
+    status_tp = TP(names.gpu_status, 0)
+
     @app.agent(status_topic, concurrency=1)
     async def heartbeats(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            guard.seen(event.key, event.value, msg.offset)
             service.on_status(event.value, key=event.key, partition=msg.partition,
                               offset=msg.offset, now=time.time())
+
+    def status_highwater() -> int | None:
+        try:
+            hw = app.consumer.highwater(status_tp)
+        except Exception:  # not assigned yet, or mid-rebalance
+            return None
+        return hw if isinstance(hw, int) else None
 
     @app.agent(ticks_topic, concurrency=1)
     async def ticks(stream: Any) -> None:
         async for _event in stream.events():
             if admission.restored:
-                service.on_tick(time.time())
+                now = time.time()
+                if guard.should_refresh(status_highwater()):
+                    for value in list(guard.last.values()):  # see liveness.py
+                        service.on_status(value, now=now)
+                service.on_tick(now)
+                health.ticked()
 
     # --- timers ----------------------------------------------------------------------
     @app.timer(interval=config.policy.tick_ms / 1000.0)
     async def tick() -> None:
+        health.beat()
         if admission.restored:
-            outbox.send(names.admission, "tick", Tick(at_ms=int(time.time() * 1000)))
-            outbox.poll()
+            outbox.send_internal(names.admission, b"tick",
+                                 Tick(at_ms=int(time.time() * 1000)).to_bytes())
+
+    @app.task
+    async def commit_outputs() -> None:
+        """Commit staged outputs continuously (a loop, not a timer: a commit can take
+        longer than CYCLE_S, and then the next one simply follows)."""
+        while not outbox.stopping:
+            await asyncio.sleep(CYCLE_S)
+            if not admission.restored:
+                continue
+            try:
+                await committer.drain()
+            except Exception as exc:  # the commit hook raises too: offsets stay behind
+                log.error("output batch not committed: %s", exc)
 
     @app.timer(interval=DISCOVERY_S)
     async def discover() -> None:
-        if admission.restored:
+        if not admission.restored:
+            return
+        # a failing broker call must never stop the app: skip this round, back off
+        skip = min(2 ** admission.discovery_failures, 20)
+        if admission.discovery_failures and int(time.monotonic() / DISCOVERY_S) % skip:
+            return
+        try:
             changed = await asyncio.to_thread(_reload_config, admission)
             if changed is not None:  # applied by the next tick, inside an event
                 service.reconfigure(changed)
@@ -202,22 +286,76 @@ def build_app(
             if new:
                 _subscribe(admission, new)
             faust_fixes.flag_again_if_unassigned(app, admission.unassigned_since)
+        except Exception as exc:
+            admission.discovery_failures += 1
+            log.warning("topic discovery failed (%s); retrying with backoff", exc)
+        else:
+            admission.discovery_failures = 0
 
     return admission
 
 
-def _flush_outbox_before_commits(app: faust.App, outbox: KafkaOutbox) -> None:
-    """Faust flushes its producer before it commits offsets; flush ours there too."""
-    producer = app.producer
-    original: Callable[[], Awaitable[None]] = producer.flush
+class Committer:
+    """Commits staged outputs (outbox.py) and holds Faust's offset commits behind them.
 
-    async def flush() -> None:
-        await original()
-        left = await asyncio.to_thread(outbox.flush, 30.0)
-        if left:
-            log.error("%d output messages still unacknowledged at commit", left)
+    One batch at a time: seal it, flush Faust's producer (the changelog writes of the
+    batch are then durable), commit its transaction. Faust flushes its producer right
+    before it commits input offsets; the wrapper installed here commits every batch
+    staged until then first, so offsets never pass an input whose outputs are not out."""
 
-    producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
+    def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health) -> None:
+        self.app = app
+        self.outbox = outbox
+        self.health = health
+        self.lock = asyncio.Lock()
+        self._faust_flush: Callable[[], Awaitable[None]] | None = None
+
+    def install(self) -> None:
+        if self._faust_flush is not None:
+            return
+        producer = self.app.producer
+        self._faust_flush = producer.flush
+        committer = self
+
+        async def flush() -> None:
+            await committer.drain()
+
+        producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
+
+    async def drain(self) -> None:
+        """Commit every output staged before this call (raises if the outbox stopped)."""
+        outbox = self.outbox
+        target = outbox.seq
+        async with self.lock:
+            if outbox.confirmed >= target:
+                return
+            if outbox.seq > target:  # sealed by a drain that failed
+                raise OutboxStoppedError(f"batch {target} was not committed")
+            seq, batch = outbox.seal()
+            assert self._faust_flush is not None
+            self.health.publishing_since = time.monotonic()
+            try:
+                await self._flush_changelog()
+                if batch:
+                    await asyncio.to_thread(outbox.publish, seq, batch)
+                outbox.confirm(seq)
+            finally:
+                self.health.publishing_since = None
+
+    async def _flush_changelog(self) -> None:
+        """Faust's own flush, retried through broker outages (outbox.stop() ends it)."""
+        assert self._faust_flush is not None
+        attempt = 0
+        while True:
+            try:
+                await self._faust_flush()
+                return
+            except Exception as exc:
+                if self.outbox.stopping:
+                    raise OutboxStoppedError("changelog flush") from exc
+                attempt += 1
+                log.warning("changelog flush failed (%s); retrying", exc)
+                await asyncio.sleep(min(2.0, 0.1 * attempt))
 
 
 def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:

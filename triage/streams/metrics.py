@@ -6,10 +6,21 @@ Each AdmissionMetrics owns its registry, so tests can build several side by side
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+Check = Callable[[], tuple[bool, str]]
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300)
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60)
@@ -101,8 +112,9 @@ class AdmissionMetrics:
             registry=r)
         self.gpus_up = Gauge("triage_gpus_up", "GPUs taking work, per pool.", ["pool"], registry=r)
         self.ready = Gauge(
-            "triage_admission_ready", "1 once state is recovered and requests are read.",
+            "triage_admission_ready", "1 while the app is deciding (the same check as /ready).",
             registry=r)
+        self.server: ThreadingHTTPServer | None = None
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, cached: prometheus-client's lookup costs microseconds
@@ -134,7 +146,44 @@ class AdmissionMetrics:
             self.tenant_queue_depth.labels(t).set(per_tenant.get(t, 0))
         self.variance_buffer.set(core.predictor.variance_buffer)
 
-    def serve(self, host: str, port: int) -> None:
-        """Expose /metrics over HTTP (port 0 disables)."""
-        if port:
-            start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, host: str, port: int, *, ready: Check | None = None,
+              live: Check | None = None) -> int:
+        """Expose /metrics, /ready and /live over HTTP on its own thread (port 0 disables;
+        returns the bound port). The readiness gauge is set from `ready` at every scrape,
+        so it can never disagree with /ready."""
+        if not port:
+            return 0
+        metrics = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                path = self.path.split("?", 1)[0]
+                if path == "/metrics":
+                    if ready is not None:
+                        metrics.ready.set(1 if ready()[0] else 0)
+                    self._send(200, generate_latest(metrics.registry), CONTENT_TYPE_LATEST)
+                elif path in ("/ready", "/live"):
+                    check = ready if path == "/ready" else live
+                    ok, why = check() if check is not None else (True, "ok")
+                    if path == "/ready":
+                        metrics.ready.set(1 if ok else 0)
+                    self._send(200 if ok else 503, f"{why}\n".encode(), "text/plain")
+                else:
+                    self._send(404, b"try /metrics, /ready or /live\n", "text/plain")
+
+            def _send(self, code: int, body: bytes, ctype: str) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *_args: Any) -> None:
+                pass  # scrapes every few seconds must not flood the log
+
+        server = ThreadingHTTPServer((host, port), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="admission-http",
+                         daemon=True).start()
+        self.server = server
+        return int(server.server_address[1])

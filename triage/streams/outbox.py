@@ -1,19 +1,42 @@
 """Where the admission app's outputs go: replies, decisions, work items, controls, signals.
 
-One confluent-kafka producer (idempotent, acks=all, a short linger so Kafka batches).
-Faust's own producer path costs several times more per message; this one is flushed
-before Faust commits input offsets (see app.py), so at-least-once holds.
+Crash safety by construction (docs/reliability.md, "Crash safety"). Outputs are not sent
+when a handler makes them: they are staged in the current *batch*. A batch is sealed,
+the tables' changelog is flushed (so every state change of the batch is durable), and
+then the batch's outputs and a commit marker naming the batch go out in one Kafka
+transaction. Every table record carries the outputs it caused that are not yet known to
+be committed (`pending_for`, written by the service with the record), so after a crash
+recovery re-sends exactly the outputs of batches whose marker never committed
+(`replay`). Consumers read committed data only (librdkafka's default), so an aborted or
+half-sent batch is never seen. Input offsets are committed only after every batch made
+from them has committed (app.py), so no input is lost either.
+
+Ticks are clock pulses, not state: they go through a plain producer (`send_internal`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from typing import Protocol
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Protocol, TypeVar
 
-from triage.kafka.clients import make_producer
+import orjson
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+from triage.kafka.clients import make_consumer, make_producer
 from triage.topics.messages import Message
 
 log = logging.getLogger(__name__)
+
+Output = tuple[str, bytes | None, bytes]  # topic, key, value
+Pending = tuple[int, str, bytes]  # batch, topic, value (keyed by the record's id)
+MARK_KEY = b"commit"
+TXN_TIMEOUT_MS = 300_000
+BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
+T = TypeVar("T")
 
 
 class Outbox(Protocol):
@@ -23,59 +46,253 @@ class Outbox(Protocol):
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None: ...
 
+    def pending_for(self, key: str) -> list[Pending]: ...
+
+    @property
+    def seq(self) -> int: ...
+
+    @property
+    def confirmed(self) -> int: ...
+
+    def resume_after(self, committed: int, highest_seen: int = 0) -> None: ...
+
+    def replay(self, key: str, outputs: Iterable[Pending]) -> int: ...
+
     def flush(self, timeout_s: float = 10.0) -> int: ...
 
 
-class KafkaOutbox:
-    """The production outbox."""
+class BatchedOutbox:
+    """Staging and bookkeeping shared by the Kafka outbox and the unit tests' list."""
 
-    def __init__(self, bootstrap: str) -> None:
-        self._producer = make_producer(bootstrap, **{
-            "linger.ms": 5,
-            "batch.num.messages": 5000,
-            "delivery.report.only.error": True,  # no Python callback per delivered message
-        })
-        self.errors = 0
+    def __init__(self) -> None:
+        self.seq = 1  # the batch being filled
+        self.confirmed = 0  # the last batch known committed
+        self._staged: list[Output] = []
+        self._pending: dict[bytes, list[Pending]] = {}
         self.sent = 0
-
-    def _on_delivery(self, err: object, _msg: object) -> None:
-        if err is not None:
-            self.errors += 1
-            log.error("delivery failed: %s", err)
+        self.replayed = 0
 
     def send(self, topic: str, key: str, message: Message) -> None:
         self.send_raw(topic, key.encode(), message.to_bytes())
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self._staged.append((topic, key, value))
+        if key is not None:
+            self._pending.setdefault(key, []).append((self.seq, topic, value))
+        self.sent += 1
+
+    def pending_for(self, key: str) -> list[Pending]:
+        """Outputs under this key not yet known committed (stored with the key's record)."""
+        return list(self._pending.get(key.encode(), ()))
+
+    def staged(self) -> int:
+        return len(self._staged)
+
+    def resume_after(self, committed: int, highest_seen: int = 0) -> None:
+        """After recovery: batches up to `committed` are out; number new ones above both."""
+        self.confirmed = committed
+        self.seq = max(committed, highest_seen) + 1
+
+    def replay(self, key: str, outputs: Iterable[Pending]) -> int:
+        """Stage again what a recovered record caused in batches that never committed."""
+        n = 0
+        for seq, topic, value in outputs:
+            if seq > self.confirmed:
+                self.send_raw(topic, key.encode(), value)
+                n += 1
+        self.replayed += n
+        return n
+
+    def seal(self) -> tuple[int, list[Output]]:
+        """Close the current batch; later sends go to the next one."""
+        seq, batch = self.seq, self._staged
+        self._staged = []
+        self.seq += 1
+        return seq, batch
+
+    def confirm(self, seq: int) -> None:
+        """Batches up to `seq` are committed: their outputs need not travel with records."""
+        self.confirmed = max(self.confirmed, seq)
+        done = [k for k, outs in self._pending.items() if outs[-1][0] <= seq]
+        for k in done:
+            del self._pending[k]
+        for k, outs in self._pending.items():
+            if outs[0][0] <= seq:
+                self._pending[k] = [o for o in outs if o[0] > seq]
+
+
+class KafkaOutbox(BatchedOutbox):
+    """The production outbox: one transaction per batch, with a marker on `marks_topic`."""
+
+    def __init__(self, bootstrap: str, *, transactional_id: str, marks_topic: str) -> None:
+        super().__init__()
+        self._bootstrap = bootstrap
+        self._txn_id = transactional_id
+        self.marks_topic = marks_topic
+        self._plain = make_producer(bootstrap, **{"linger.ms": 5,
+                                                  "delivery.report.only.error": True})
+        self._producer: object | None = None
+        self._stop = threading.Event()
+        self.errors = 0
+        self.last_commit_at = 0.0  # time.monotonic() of the last committed batch
+
+    # --- lifecycle ------------------------------------------------------------------
+    def start(self) -> int:
+        """Fence any earlier incarnation (aborting its open transaction) and return the
+        last committed batch. Retries while the broker is unreachable."""
+        self._producer = self._new_producer()
+        committed = self._retry("read the outbox marker", self._last_marker)
+        self.resume_after(committed)
+        log.info("outbox: last committed batch %d", committed)
+        return committed
+
+    def stop(self) -> None:
+        """Stop retrying (shutdown): what is not committed is replayed on the next start."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def _new_producer(self) -> object:
+        def make() -> object:
+            p = make_producer(self._bootstrap, **{
+                "transactional.id": self._txn_id, "linger.ms": 5,
+                "batch.num.messages": 5000,
+                # a batch waits out a broker outage (librdkafka retries idempotently);
+                # with 30 s its messages timed out, the batch aborted and was resent
+                "message.timeout.ms": TXN_TIMEOUT_MS, "transaction.timeout.ms": TXN_TIMEOUT_MS,
+                "delivery.report.only.error": True,
+            })
+            p.init_transactions(30.0)
+            return p
+        return self._retry("start the transactional producer", make)
+
+    def _retry(self, what: str, fn: Callable[[], T]) -> T:
+        """Call fn until it succeeds (transport errors back off); stop() ends the wait."""
+        attempt = 0
         while True:
             try:
-                self._producer.produce(topic, value=value, key=key, on_delivery=self._on_delivery)
-                break
-            except BufferError:  # local queue full: let librdkafka drain, then retry
-                self._producer.poll(0.05)
-        self.sent += 1
-        if self.sent % 256 == 0:
-            self._producer.poll(0)
+                return fn()
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.fatal() and attempt > 20:
+                    raise
+                self.errors += 1
+                wait = BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]
+                log.warning("outbox: could not %s (%s); retrying in %.1fs", what, exc, wait)
+            if self._stop.wait(BACKOFF_S[min(attempt, len(BACKOFF_S) - 1)]):
+                raise OutboxStoppedError(what)
+            attempt += 1
+
+    def _last_marker(self) -> int:
+        """The batch named by the last committed marker (0 when there is none)."""
+        c = make_consumer(self._bootstrap, f"{self._txn_id}.marks", **{
+            "isolation.level": "read_committed", "enable.partition.eof": True})
+        try:
+            tp = TopicPartition(self.marks_topic, 0)
+            low, high = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
+            if high <= low:
+                return 0
+            c.assign([TopicPartition(self.marks_topic, 0, max(low, high - 64))])
+            last = 0
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline:
+                msg = c.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return last
+                    raise KafkaException(err)
+                if msg.key() == MARK_KEY:
+                    last = max(last, int(orjson.loads(msg.value() or b"{}").get("seq", 0)))
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
+        finally:
+            c.close()
+
+    # --- sending ----------------------------------------------------------------------
+    def send_internal(self, topic: str, key: bytes, value: bytes) -> None:
+        """A message outside any batch (clock ticks): never replayed, never waited for."""
+        # a tick dropped while the broker is away is fine: the next one follows
+        with contextlib.suppress(BufferError):
+            self._plain.produce(topic, value=value, key=key)
+        self._plain.poll(0)
 
     def poll(self) -> None:
-        self._producer.poll(0)
+        self._plain.poll(0)
+
+    def publish(self, seq: int, batch: list[Output]) -> None:
+        """Send a sealed batch and its marker in one transaction (blocking; retries with
+        backoff through broker outages until it commits or stop() is called)."""
+        self._retry(f"commit output batch {seq}", lambda: self._publish_once(seq, batch))
+        self.last_commit_at = time.monotonic()
+
+    def _publish_once(self, seq: int, batch: list[Output]) -> None:
+        p: object = self._producer
+        try:
+            p.begin_transaction()  # type: ignore[attr-defined]
+            for topic, key, value in batch:
+                self._produce(p, topic, key, value)
+            self._produce(p, self.marks_topic, MARK_KEY, orjson.dumps({"seq": seq}))
+            while True:
+                try:
+                    p.commit_transaction(30.0)  # type: ignore[attr-defined]
+                    return
+                except KafkaException as exc:
+                    err = exc.args[0]
+                    if not (isinstance(err, KafkaError) and err.retriable()) or self.stopping:
+                        raise
+                    time.sleep(0.2)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.fatal():
+                self._producer = self._new_producer()
+            else:
+                try:
+                    p.abort_transaction(30.0)  # type: ignore[attr-defined]
+                except KafkaException as abort_exc:
+                    log.warning("outbox: abort failed (%s); new producer", abort_exc)
+                    self._producer = self._new_producer()
+            raise
+
+    def _produce(self, p: object, topic: str, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                p.produce(topic, value=value, key=key)  # type: ignore[attr-defined]
+                return
+            except BufferError:  # local queue full: let librdkafka drain, then retry
+                p.poll(0.05)  # type: ignore[attr-defined]
 
     def flush(self, timeout_s: float = 10.0) -> int:
-        """Block until everything sent so far is acknowledged; returns what is left."""
-        return int(self._producer.flush(timeout_s))
+        """Flush the plain producer (ticks); batches are committed by `publish`."""
+        return int(self._plain.flush(timeout_s))
 
 
-class ListOutbox:
-    """An outbox that keeps what was sent (unit tests of the service)."""
+class OutboxStoppedError(Exception):
+    """The outbox was stopped while it waited for the broker."""
+
+
+class ListOutbox(BatchedOutbox):
+    """An outbox that keeps what was published (unit tests of the service). Unit tests
+    that do not model crashes read `messages`, which holds every send at once."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.messages: list[tuple[str, str | None, bytes]] = []
-
-    def send(self, topic: str, key: str, message: Message) -> None:
-        self.messages.append((topic, key, message.to_bytes()))
+        self.published: list[tuple[str, str | None, bytes]] = []
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
+        super().send_raw(topic, key, value)
         self.messages.append((topic, key.decode() if key else None, value))
+
+    def commit(self) -> int:
+        """Seal and 'publish' the current batch; returns its number."""
+        seq, batch = self.seal()
+        self.published.extend((t, k.decode() if k else None, v) for t, k, v in batch)
+        self.confirm(seq)
+        return seq
 
     def flush(self, timeout_s: float = 10.0) -> int:
         return 0

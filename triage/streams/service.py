@@ -21,7 +21,7 @@ from triage.streams import codec
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import Outbox
 from triage.streams.refusals import FailureLog, Refusals
-from triage.streams.store import StateStore
+from triage.streams.store import Bucket, StateStore
 from triage.topics.messages import (
     BucketState,
     ChatMessage,
@@ -78,6 +78,7 @@ class AdmissionService:
         self.names = names
         self.outbox = outbox
         self.store = store
+        store.carry_outputs(outbox.pending_for)  # every record carries its uncommitted outputs
         self.metrics = metrics or AdmissionMetrics()
         self.expect_heartbeats = expect_heartbeats
         self.core = AdmissionCore(config, expect_heartbeats=expect_heartbeats)
@@ -86,6 +87,7 @@ class AdmissionService:
         self._dirty_buckets: set[str] = set()
         self._texts: dict[str, str] = {}
         self._learned_at = 0.0
+        self._op = 0  # orders bucket snapshots within one process (see store.Bucket)
         self.dedupe_ttl_s = config.admission.dedupe_ttl_s
         self._refusals = Refusals(names=names, outbox=outbox, store=store, metrics=self.metrics,
                                   done=self._done,
@@ -100,17 +102,28 @@ class AdmissionService:
         self.core = AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats)
         self._side.clear()
         self._done.clear()
-        counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0}
-        for tenant, state in self.store.buckets():
-            if tenant in self.core.gate.quotas:
-                self.core.gate.bucket(tenant).restore(state.model_dump())
-                counts["buckets"] += 1
+        counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0,
+                  "replayed": 0}
+        newest: dict[str, Bucket] = dict(self.store.buckets())
         learned = self.store.get_learned(LEARNED_KEY)
         if learned:
             self.core.predictor.restore(learned)
         done: list[tuple[float, str]] = []
         self._withdrawn.clear()
-        for rec in self.store.requests():
+        envelopes = list(self.store.envelopes())
+        highest = max((b.stamp[0] for b in newest.values()), default=0)
+        for _rid, env in envelopes:
+            highest = max(highest, env.tenant_bucket.stamp[0] if env.tenant_bucket else 0,
+                          *(seq for seq, _, _ in env.outputs))
+        # batches are numbered above anything stored; uncommitted outputs go out again
+        self.outbox.resume_after(self.outbox.confirmed, highest)
+        for rid, env in envelopes:
+            counts["replayed"] += self.outbox.replay(rid, env.outputs)
+        for _rid, env in envelopes:
+            rec = LiveRequest.from_bytes(env.record)
+            b = env.tenant_bucket
+            if b is not None and (rec.tenant not in newest or b.stamp > newest[rec.tenant].stamp):
+                newest[rec.tenant] = b
             if rec.state is LiveState.DONE:
                 done.append((rec.updated, rec.request_id))
                 continue
@@ -137,6 +150,10 @@ class AdmissionService:
             else:
                 d.restore_queued(p)
                 counts["queued"] += 1
+        for tenant, b in newest.items():
+            if tenant in self.core.gate.quotas:
+                self.core.gate.bucket(tenant).restore({"level": b.level, "updated": b.updated})
+                counts["buckets"] += 1
         done.sort()
         self._done.extend(done)
         counts["done"] = len(done)
@@ -353,7 +370,6 @@ class AdmissionService:
         names = self.names
         out = self.outbox
         m = self.metrics
-        store = self.store
         for d in decisions:
             rid = d.request_id
             key = rid.encode()
@@ -385,7 +401,7 @@ class AdmissionService:
             out.send_raw(names.replies(d.tenant), key, codec.reply_bytes(reply))
             state = _LIVE_STATE.get(d.outcome)
             if state is not None and p is not None:
-                store.put_request_raw(rid, codec.live_record(
+                self._put_record(rid, d.tenant, codec.live_record(
                     p, state, prompt=side.prompt if side else None,
                     metadata=side.metadata if side else {}, last_reply=reply, now=now,
                     stream=side.stream if side else False,
@@ -419,8 +435,19 @@ class AdmissionService:
             if prev is None:
                 return
             rec = codec.finished_record(prev, reply, now)
-        self.store.put_request_raw(d.request_id, rec)
+        self._put_record(d.request_id, d.tenant, rec)
         self._done.append((now, d.request_id))
+
+    def _put_record(self, rid: str, tenant: str, raw: bytes) -> None:
+        """Write a request's record with the outputs it caused that are not committed yet
+        and its tenant's bucket as this decision left it (crash safety: both are durable
+        at the same point as the record; see outbox.py and store.py)."""
+        bucket = None
+        if tenant in self.core.gate.quotas:
+            self._op += 1
+            bk = self.core.gate.bucket(tenant)
+            bucket = Bucket(bk.level, bk.updated, (self.outbox.seq, self._op))
+        self.store.put_request_raw(rid, raw, bucket=bucket)
 
     def _violation(self, d: Decision, side: _Side | None) -> None:
         queued_for = side.queued_for if side else None
@@ -444,7 +471,9 @@ class AdmissionService:
     def _flush_buckets(self) -> None:
         for tenant in self._dirty_buckets:
             b = self.core.gate.bucket(tenant)
-            self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated))
+            self._op += 1
+            self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated),
+                                  (self.outbox.seq, self._op))
             self.metrics.bucket_level.labels(tenant).set(b.level)
         self._dirty_buckets.clear()
 

@@ -1,12 +1,21 @@
 """The admission app's state, behind one small interface with two backends: Faust tables
 on RocksDB (production, recovered from changelogs) and plain dicts (unit tests). Same
-shape, same names, so the service never knows which it has."""
+shape, same names, so the service never knows which it has.
+
+A request record may travel in an *envelope* that also holds the outputs it caused that
+were not yet known committed (replayed on recovery, see outbox.py) and its tenant's
+bucket right after the decision (so bucket consumption is durable at the same point as
+the decision that drained it). Bucket table entries carry the same stamp, and recovery
+keeps the newest of the two."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, MutableMapping
-from typing import Any, Protocol
+import struct
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from typing import Any, NamedTuple, Protocol
+
+import orjson
 
 from triage.topics.messages import BucketState, LiveRequest
 
@@ -14,6 +23,51 @@ REQUESTS = "requests"  # request_id -> LiveRequest (queued, running, done for de
 BUCKETS = "buckets"  # tenant -> BucketState
 LEARNED = "learned"  # "predictor" -> the predictor's snapshot (JSON object)
 TABLES = (REQUESTS, BUCKETS, LEARNED)
+
+ENVELOPE = b"TX1"  # a record JSON starts with "{": the prefix cannot be mistaken
+Stamp = tuple[int, int]  # (outbox batch, operation within the process): newer is larger
+PendingOut = tuple[int, str, bytes]
+
+
+class Bucket(NamedTuple):
+    """A tenant's bucket as of `stamp`."""
+
+    level: float
+    updated: float
+    stamp: Stamp
+
+
+class Envelope(NamedTuple):
+    """A stored request record with what travels beside it."""
+
+    record: bytes
+    outputs: list[PendingOut]
+    tenant_bucket: Bucket | None
+
+
+def wrap(record: bytes, outputs: Iterable[PendingOut] = (), bucket: Bucket | None = None,
+         ) -> bytes:
+    """Record bytes, in an envelope when there is something to carry beside them."""
+    outs = list(outputs)
+    if not outs and bucket is None:
+        return record
+    meta = orjson.dumps({
+        "o": [[seq, topic, value.decode("latin-1")] for seq, topic, value in outs],
+        "b": None if bucket is None else [bucket.level, bucket.updated, *bucket.stamp],
+    })
+    return ENVELOPE + struct.pack(">I", len(meta)) + meta + record
+
+
+def unwrap(raw: bytes) -> Envelope:
+    if not raw.startswith(ENVELOPE):
+        return Envelope(raw, [], None)
+    n = struct.unpack_from(">I", raw, len(ENVELOPE))[0]
+    start = len(ENVELOPE) + 4
+    meta = orjson.loads(raw[start:start + n])
+    outs = [(int(s), str(t), str(v).encode("latin-1")) for s, t, v in meta.get("o") or ()]
+    b = meta.get("b")
+    bucket = None if not b else Bucket(float(b[0]), float(b[1]), (int(b[2]), int(b[3])))
+    return Envelope(raw[start + n:], outs, bucket)
 
 
 class StateStore(Protocol):
@@ -25,7 +79,13 @@ class StateStore(Protocol):
 
     def get_request_raw(self, request_id: str) -> bytes | None: ...
 
-    def put_request_raw(self, request_id: str, raw: bytes) -> None: ...
+    def put_request_raw(self, request_id: str, raw: bytes,
+                        outputs: Iterable[PendingOut] | None = None,
+                        bucket: Bucket | None = None) -> None: ...
+
+    def carry_outputs(self, outputs_for: Callable[[str], list[PendingOut]]) -> None: ...
+
+    def envelopes(self) -> Iterator[tuple[str, Envelope]]: ...
 
     def has_request(self, request_id: str) -> bool: ...
 
@@ -33,9 +93,9 @@ class StateStore(Protocol):
 
     def requests(self) -> Iterator[LiveRequest]: ...
 
-    def put_bucket(self, tenant: str, state: BucketState) -> None: ...
+    def put_bucket(self, tenant: str, state: BucketState, stamp: Stamp = (0, 0)) -> None: ...
 
-    def buckets(self) -> Iterator[tuple[str, BucketState]]: ...
+    def buckets(self) -> Iterator[tuple[str, Bucket]]: ...
 
     def put_learned(self, key: str, value: dict[str, Any]) -> None: ...
 
@@ -53,24 +113,40 @@ class MappingStore:
         self._requests = requests
         self._buckets = buckets
         self._learned = learned
+        self._outputs_for: Callable[[str], list[PendingOut]] | None = None
+
+    def carry_outputs(self, outputs_for: Callable[[str], list[PendingOut]]) -> None:
+        """Every record written from now on carries what `outputs_for(request_id)` says
+        is not committed yet (the outbox's pending outputs): whoever writes a record,
+        its outputs are durable with it."""
+        self._outputs_for = outputs_for
 
     @classmethod
     def in_memory(cls) -> MappingStore:
         return cls({}, {}, {})
 
     def get_request(self, request_id: str) -> LiveRequest | None:
-        raw = self._requests.get(request_id)
+        raw = self.get_request_raw(request_id)
         return None if raw is None else LiveRequest.from_bytes(raw)
 
     def put_request(self, rec: LiveRequest) -> None:
-        self._requests[rec.request_id] = rec.to_bytes()
+        self.put_request_raw(rec.request_id, rec.to_bytes())
 
     def get_request_raw(self, request_id: str) -> bytes | None:
         raw = self._requests.get(request_id)
-        return None if raw is None else bytes(raw)
+        return None if raw is None else unwrap(bytes(raw)).record
 
-    def put_request_raw(self, request_id: str, raw: bytes) -> None:
-        self._requests[request_id] = raw
+    def put_request_raw(self, request_id: str, raw: bytes,
+                        outputs: Iterable[PendingOut] | None = None,
+                        bucket: Bucket | None = None) -> None:
+        if outputs is None:
+            outputs = self._outputs_for(request_id) if self._outputs_for is not None else ()
+        self._requests[request_id] = wrap(raw, outputs, bucket)
+
+    def envelopes(self) -> Iterator[tuple[str, Envelope]]:
+        for rid, raw in list(self._requests.items()):
+            if raw is not None:
+                yield str(rid), unwrap(bytes(raw))
 
     def has_request(self, request_id: str) -> bool:
         return request_id in self._requests
@@ -82,15 +158,20 @@ class MappingStore:
     def requests(self) -> Iterator[LiveRequest]:
         for raw in list(self._requests.values()):
             if raw is not None:
-                yield LiveRequest.from_bytes(raw)
+                yield LiveRequest.from_bytes(unwrap(bytes(raw)).record)
 
-    def put_bucket(self, tenant: str, state: BucketState) -> None:
-        self._buckets[tenant] = state.to_bytes()
+    def put_bucket(self, tenant: str, state: BucketState, stamp: Stamp = (0, 0)) -> None:
+        data = state.model_dump()
+        data["stamp"] = list(stamp)
+        self._buckets[tenant] = orjson.dumps(data)
 
-    def buckets(self) -> Iterator[tuple[str, BucketState]]:
+    def buckets(self) -> Iterator[tuple[str, Bucket]]:
         for tenant, raw in list(self._buckets.items()):
             if raw is not None:
-                yield str(tenant), BucketState.from_bytes(raw)
+                data = orjson.loads(raw)
+                s = data.pop("stamp", None) or (0, 0)
+                st = BucketState.model_validate(data)
+                yield str(tenant), Bucket(st.level, st.updated, (int(s[0]), int(s[1])))
 
     def put_learned(self, key: str, value: dict[str, Any]) -> None:
         self._learned[key] = json.dumps(value).encode()

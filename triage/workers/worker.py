@@ -49,6 +49,7 @@ from triage.workers.publish import AsyncProducer, DeliveryError
 from triage.workers.stream import ChunkPublisher
 
 log = logging.getLogger(__name__)
+OUTAGE_TIMEOUT_MS = 600_000  # docs/reliability.md, "Broker outages"
 
 _EARLY_CONTROLS = 10_000  # controls remembered for work items not seen yet
 _SHUTDOWN = "worker shutting down"
@@ -146,7 +147,10 @@ class Worker:
                                               opts.device_index)  # fmt: skip
         self.simulated = self._probe is None
         await self.backend.start()
-        self._producer = AsyncProducer(make_producer(self.bootstrap), self._loop)
+        # Results wait out a broker outage (librdkafka retries, idempotently) instead of
+        # timing out after 30 s: a timed-out completion made the work run again.
+        self._producer = AsyncProducer(make_producer(self.bootstrap, **{
+            "message.timeout.ms": OUTAGE_TIMEOUT_MS}), self._loop)
         try:
             seeded = await asyncio.to_thread(completed_work_ids, self.bootstrap,
                                              self.topics.completions, self.gpu_id,

@@ -1,0 +1,54 @@
+"""The fault suite, reduced for CI: each scenario of `triage chaos` on a broker of its
+own (stopped and started by the broker scenario), the real admission app and two sim
+workers as processes, requests from an outside client.
+
+Run: `.venv/bin/pytest -q -m faults tests/faults` (a few minutes; port 9392 and 9393
+must be free, or set TRIAGE_CHAOS_PORT). The full suite is `triage chaos`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from triage.chaos.plan import ALL, ChaosPlan, Scenario
+from triage.chaos.runner import run_scenario
+from triage.kafka.local import LocalBroker
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    port = int(os.environ.get("TRIAGE_CHAOS_PORT", "9392"))
+    broker = LocalBroker(port=port, controller_port=port + 1,
+                         data_dir=tmp_path_factory.mktemp("chaos-broker"))
+    broker.start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.mark.parametrize("scenario", ALL, ids=[s.value for s in ALL])
+def test_no_request_is_lost_duplicated_or_run_twice(
+    chaos_broker: LocalBroker, scenario: Scenario, tmp_path: Path
+) -> None:
+    plan = ChaosPlan.reduced(scenarios=[scenario], port=chaos_broker.port)
+    res = run_scenario(scenario, plan, chaos_broker, tmp_path, print)
+    assert res.sent > 0 and res.faults >= 1
+    assert res.not_delivered == 0
+    assert res.lost == 0, res.lost_ids
+    assert res.answered == res.sent
+    assert res.duplicate_terminals == 0
+    assert res.executed_twice == 0
+    assert res.unexpected_exits == 0, res.notes
+    if scenario in (Scenario.APP_KILL, Scenario.DATADIR_WIPE, Scenario.BROKER):
+        assert len(res.recovery_s) == res.faults  # the app came back after every fault
+    if scenario is Scenario.OVERLOAD:
+        assert res.gpu_lost == 0  # live GPUs were never declared lost
+    if scenario is Scenario.SIGTERM:
+        assert res.sigterm_exit_s is not None  # it exited before the 30 s limit

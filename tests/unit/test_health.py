@@ -1,0 +1,128 @@
+"""Readiness follows what the app does (ticks handled, outputs committing, partitions
+assigned), over real HTTP; and live GPUs are not declared lost for the app's own
+silence (liveness.py)."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+from prometheus_client import CollectorRegistry
+
+from triage.streams.health import Health
+from triage.streams.liveness import HeartbeatGuard
+from triage.streams.metrics import AdmissionMetrics
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def test_ready_only_while_ticks_flow_and_outputs_commit() -> None:
+    clock = Clock()
+    assigned = [1]
+    h = Health(clock=clock, assigned=lambda: assigned[0], started=clock())
+    assert h.check() == (False, "recovering state")
+    h.restored = True
+    h.ticked()
+    assert h.check()[0]
+    clock.t += 6.0  # no tick handled for 6 s: the broker or the loop is gone
+    ok, why = h.check()
+    assert not ok and why.startswith("not deciding")
+    h.ticked()
+    h.publishing_since = clock()
+    clock.t += 5.5
+    h.ticked()
+    ok, why = h.check()
+    assert not ok and why.startswith("outputs not committed")
+    h.publishing_since = None
+    assigned[0] = 0
+    assert h.check() == (False, "no partitions assigned")
+
+
+def test_live_fails_only_when_the_event_loop_stalls() -> None:
+    clock = Clock()
+    h = Health(clock=clock, started=clock())
+    h.restored = True
+    h.beat()
+    clock.t += 20.0  # unready by now, but alive
+    assert not h.check()[0] and h.live()[0]
+    clock.t += 11.0
+    assert not h.live()[0]
+
+
+def test_http_endpoints_and_the_gauge_tell_the_same_story() -> None:
+    clock = Clock()
+    h = Health(clock=clock, started=clock())
+    m = AdmissionMetrics(CollectorRegistry())
+    port = m.serve("127.0.0.1", _free_port(), ready=h.check, live=h.live)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        assert _get(f"{base}/ready") == (503, "recovering state\n")
+        assert "triage_admission_ready 0.0" in _get(f"{base}/metrics")[1]
+        h.restored = True
+        h.ticked()
+        h.beat()
+        assert _get(f"{base}/ready") == (200, "deciding\n")
+        assert "triage_admission_ready 1.0" in _get(f"{base}/metrics")[1]
+        assert _get(f"{base}/live")[0] == 200
+        clock.t += 10.0
+        assert _get(f"{base}/ready")[0] == 503
+        assert "triage_admission_ready 0.0" in _get(f"{base}/metrics")[1]
+        assert _get(f"{base}/nope")[0] == 404
+    finally:
+        assert m.server is not None
+        m.server.shutdown()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_heartbeats_are_applied_again_while_the_app_is_behind_on_them() -> None:
+    clock = Clock()
+    g = HeartbeatGuard(clock)
+    assert not g.should_refresh(highwater=None)  # nothing heard yet: nothing to apply
+    g.seen(b"g0", b"hb0", offset=4)
+    clock.t += 0.05
+    assert not g.should_refresh(highwater=5)  # read up to the end: silence is real
+    clock.t += 0.05
+    assert g.should_refresh(highwater=900)  # heartbeats wait unread behind a flood
+    g.seen(b"g0", b"hb1", offset=899)
+    clock.t += 0.05
+    assert not g.should_refresh(highwater=900)
+    clock.t += 30.0  # the app was not listening (broker outage)
+    assert g.should_refresh(highwater=900)
+    for _ in range(110):  # ticks every 50 ms again: grace runs out after 5 s
+        clock.t += 0.05
+        last = g.should_refresh(highwater=900)
+    assert not last  # caught up and the grace is over
+
+
+def test_gap_guard_names_the_offsets_faust_jumped_over() -> None:
+    from triage.streams.gaps import GapGuard
+
+    g = GapGuard()
+    g.start_at({("t.requests.a", 0): 6000})
+    assert g.check("t.requests.a", 0, 6164) == (6000, 6164)  # 6000..6163 never seen
+    assert g.check("t.requests.a", 0, 6165) is None
+    assert g.check("t.requests.a", 0, 6100) is None  # a redelivery is no gap
+    assert g.check("t.requests.a", 0, 6166) is None
+    assert g.check("t.requests.b", 0, 7) is None  # no start known: begins where it begins
+    assert g.check("t.requests.b", 0, 9) == (8, 9)

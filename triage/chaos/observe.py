@@ -1,0 +1,186 @@
+"""The outside client of a chaos run: one thread sends requests at a (time-varying) rate
+with its own producer, another follows the reply and completion topics with its own
+consumer, as a tenant and an auditor would. Nothing here talks to the app directly."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+
+from triage.kafka.clients import make_consumer, make_producer
+from triage.topics.messages import Completion, CompletionStatus, InferenceRequest, Reply
+from triage.topics.names import TopicNames
+
+log = logging.getLogger(__name__)
+
+QUIET = 2  # librdkafka log level: the broker going away on purpose is not news
+RateFn = Callable[[float], float]  # seconds since start -> requests per second
+
+
+@dataclass
+class Seen:
+    """One request as the client saw it."""
+
+    tenant: str
+    sent_at: float
+    terminals: int = 0
+    terminal: str | None = None
+    terminal_at: float | None = None
+    reported_latency_s: float | None = None  # what the app's completed reply says
+    reason: str | None = None
+
+
+class Sender(threading.Thread):
+    """Sends requests round-robin over the tenants at `rate(t)` for `duration_s`. The
+    producer waits out broker outages (a long message timeout), so every request the
+    client meant to send reaches Kafka unless its delivery fails (counted apart)."""
+
+    def __init__(self, bootstrap: str, names: TopicNames, tenants: list[str], observer: Observer,
+                 *, rate: RateFn, duration_s: float, tag: str, output_tokens: int) -> None:
+        super().__init__(name="chaos-sender", daemon=True)
+        self._p: Any = make_producer(bootstrap, **{"message.timeout.ms": 900_000,
+                                                   "log_level": QUIET})
+        self._names = names
+        self._tenants = tenants
+        self._obs = observer
+        self._rate = rate
+        self.duration_s = duration_s
+        self._tag = tag
+        self._out = str(output_tokens)
+        self.sent = 0
+        self.failed = 0
+        self._halt = threading.Event()
+
+    def _delivered(self, err: object, _msg: object) -> None:
+        if err is not None:
+            self.failed += 1
+            log.error("request not delivered: %s", err)
+
+    def run(self) -> None:
+        start = time.time()
+        next_at = start
+        while not self._halt.is_set():
+            now = time.time()
+            t = now - start
+            if t >= self.duration_s:
+                break
+            if now < next_at:
+                self._p.poll(min(0.02, next_at - now))
+                continue
+            next_at += 1.0 / max(0.1, self._rate(t))
+            tenant = self._tenants[self.sent % len(self._tenants)]
+            self.sent += 1
+            rid = f"{tenant}-{self._tag}-{self.sent}"
+            req = InferenceRequest(request_id=rid, tenant=tenant, model="small",
+                                   prompt_tokens=64, max_tokens=32,
+                                   created_at_ms=int(now * 1000),
+                                   metadata={"sim_output_tokens": self._out})
+            self._obs.expect(rid, tenant, now)
+            while True:
+                try:
+                    self._p.produce(self._names.requests(tenant), key=rid.encode(),
+                                    value=req.to_bytes(), on_delivery=self._delivered)
+                    break
+                except BufferError:
+                    self._p.poll(0.1)
+            self._p.poll(0)
+        self._p.flush(900)
+
+    def stop(self) -> None:
+        self._halt.set()
+
+
+@dataclass
+class Observer:
+    """Follows replies (every tenant) and completions from the beginning."""
+
+    bootstrap: str
+    names: TopicNames
+    tenants: list[str]
+    seen: dict[str, Seen] = field(default_factory=dict)
+    # rid -> the distinct executions that completed it ((attempt, start) pairs): a copy
+    # of one completion message is not a second execution
+    completed_runs: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    gpu_lost: int = 0
+    unknown: int = 0
+    reply_times: list[float] = field(default_factory=list)  # the app's at_ms / 1000
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-observer",
+                                log_level=QUIET)
+        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions]
+        self._c.assign([TopicPartition(t, 0, OFFSET_BEGINNING) for t in topics])
+        self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def expect(self, rid: str, tenant: str, at: float) -> None:
+        with self._lock:
+            self.seen[rid] = Seen(tenant, at)
+
+    def _run(self) -> None:
+        completions = self.names.completions
+        while not self._stop.is_set():
+            for msg in self._c.consume(num_messages=500, timeout=0.2):
+                if msg.error() is not None:
+                    continue
+                if msg.topic() == completions:
+                    self._on_completion(msg.value() or b"")
+                else:
+                    self._on_reply(msg.value() or b"", time.time())
+
+    def _on_completion(self, value: bytes) -> None:
+        try:
+            c = Completion.from_bytes(value)
+        except ValueError:
+            return
+        if c.status is CompletionStatus.COMPLETED:
+            with self._lock:
+                self.completed_runs.setdefault(c.request_id, set()).add(
+                    (c.attempt, c.started_at_ms))
+
+    def _on_reply(self, value: bytes, now: float) -> None:
+        try:
+            r = Reply.from_bytes(value)
+        except ValueError:
+            self.unknown += 1
+            return
+        with self._lock:
+            self.reply_times.append(r.at_ms / 1000.0)
+            if r.reason is not None and r.reason.value == "gpu_lost":
+                self.gpu_lost += 1
+            s = self.seen.get(r.request_id)
+            if s is None:
+                self.unknown += 1
+                return
+            if r.status.terminal:
+                s.terminals += 1
+                if s.terminal is None:
+                    s.terminal, s.terminal_at = r.status.value, now
+                    s.reason = r.reason.value if r.reason else None
+                    if r.latency_ms is not None:
+                        s.reported_latency_s = r.latency_ms / 1000.0
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return sum(1 for s in self.seen.values() if s.terminal is None)
+
+    def first_decision_after(self, t: float) -> float | None:
+        """Seconds from `t` to the first reply the app decided after `t` (None if none)."""
+        with self._lock:
+            later = [x for x in self.reply_times if x > t]
+        return None if not later else min(later) - t
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._c.close()
