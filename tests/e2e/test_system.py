@@ -39,19 +39,23 @@ def tenant(name: str, **kw: Any) -> dict[str, Any]:
 
 
 def read_all(bootstrap: str, topic: str, parse: Any) -> list[Any]:
-    """Every message of a one-partition topic, from the beginning to its current end."""
+    """Every message of a one-partition topic, from the beginning to its current end.
+    The app writes in transactions, so offsets include commit markers that are never
+    delivered: read until the consumer's position reaches the end, not a count."""
     c = make_consumer(bootstrap, f"read-{topic}-{time.time()}")
+    tp = TopicPartition(topic, 0)
     try:
-        _, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+        _, high = c.get_watermark_offsets(tp, timeout=10)
         c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         out: list[Any] = []
         deadline = time.monotonic() + 60
-        seen = 0
-        while seen < high and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             for msg in c.consume(num_messages=1000, timeout=1.0):
                 if msg.error() is None:
-                    seen += 1
                     out.append(parse(msg.value()))
+            pos = c.position([tp])[0].offset
+            if high == 0 or pos >= high:
+                break
         return out
     finally:
         c.close()
