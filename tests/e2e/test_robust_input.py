@@ -142,7 +142,7 @@ def test_the_poison_corpus_is_answered_or_dead_lettered_and_the_app_keeps_servin
             assert terminals[rid] == 1, e.name
     assert all(final[r.request_id].status is ReplyStatus.COMPLETED for r in after)
     near = [r for r in _replies(tail, replies) if "-prompt-near-limit-" in r.request_id]
-    assert any(r.status is ReplyStatus.QUEUED for r in near)  # ~800 KB records were queued
+    assert any(r.status is ReplyStatus.QUEUED for r in near)  # ~400 KB prompts were queued
     assert max(terminals.values()) == 1  # no id has two terminal replies
     assert "Traceback" not in log_text and "handler failed" not in log_text
 

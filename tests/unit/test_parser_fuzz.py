@@ -110,4 +110,4 @@ def test_a_lone_surrogate_anywhere_in_the_prompt_is_refused_with_a_reason(
 
 def test_the_poison_corpus_parses_without_an_exception() -> None:
     for entry in poison_corpus(tenant="a", model="m8"):
-        parse_request(entry.value, max_bytes=900_000)
+        parse_request(entry.value, max_bytes=460_000)

@@ -150,7 +150,7 @@ def test_a_dead_letter_keeps_a_bounded_prefix_the_size_and_the_hash() -> None:
 def test_a_near_limit_prompt_that_queues_fits_every_record() -> None:
     svc, out = _service()
     store = svc.store
-    big = "q" * 790_000
+    big = "q" * 390_000  # near admission.max_prompt_bytes (400,000)
     for i in range(3):  # max_concurrency=1: the second and third wait in the queue
         _send(svc, InferenceRequest(request_id=f"big{i}", tenant="a", model="m8",
                                     prompt_tokens=100, max_tokens=20, prompt=big).to_bytes(),

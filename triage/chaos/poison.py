@@ -41,8 +41,8 @@ class Poison(NamedTuple):
 
 def poison_corpus(
     *, tenant: str, model: str, other_tenant: str = "someone-else", prefix: str = "poison",
-    context_tokens: int = 8192, max_message_bytes: int = 900_000,
-    max_prompt_bytes: int = 800_000,
+    context_tokens: int = 8192, max_message_bytes: int = 460_000,
+    max_prompt_bytes: int = 400_000,
 ) -> Iterator[Poison]:
     """The corpus, in sending order (97 kinds)."""
     n = 0

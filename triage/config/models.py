@@ -25,8 +25,10 @@ NonNegFloat = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
 
 GIB = 1024**3
 # confluent-kafka's default message.max.bytes is 1,000,000: a request's derived records
-# (work item, table record: the request's bytes plus < 8 KB) must stay under it.
-MESSAGE_BYTES_CEILING = 960_000
+# must stay under it. A live request's table record holds the request's bytes and, until
+# their batch commits, the outputs it caused (its work item holds them again): twice the
+# request plus < 32 KB.
+MESSAGE_BYTES_CEILING = 470_000
 
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4,
@@ -293,13 +295,14 @@ class AdmissionAppConfig(StrictModel):
         10.0, description="Consumer-group session timeout: how long a dead app keeps its "
         "partitions when it does not come back.")
     max_message_bytes: Annotated[int, Field(ge=4096, le=MESSAGE_BYTES_CEILING)] = Field(
-        900_000,
+        460_000,
         description="Largest request message accepted, in bytes; larger ones are answered "
-        "`invalid` (or dead-lettered). Every record the app derives from a request (work "
-        "item, table record) must fit the producers' 1 MB limit, hence the ceiling.",
+        "`invalid` (or dead-lettered). Every record the app derives from a request must "
+        "fit the producers' 1 MB limit, and a table record carries the request and its "
+        "work item until their batch commits, hence the ceiling.",
     )
     max_prompt_bytes: Annotated[int, Field(ge=1, le=MESSAGE_BYTES_CEILING)] = Field(
-        800_000,
+        400_000,
         description="Largest prompt accepted, in UTF-8 bytes (the prompt plus every chat "
         "message's content); a longer one is answered `invalid`. At most max_message_bytes.",
     )
