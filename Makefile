@@ -35,7 +35,15 @@ $(NATIVE): $(STAMP) $(CORE_SOURCES)
 
 compile: $(NATIVE) ## Compile the admission core and simulator with mypyc (again after editing them).
 
-install: $(STAMP) $(NATIVE) ## Create .venv, install deps, compile the core, fetch Kafka's jars.
+HELM_VERSION := v3.22.0
+HELM := $(BIN)/helm
+
+$(HELM):
+	@command -v go >/dev/null || { echo "go is needed to build helm (the chart's test renders with it)"; exit 2; }
+	@echo "building helm $(HELM_VERSION) from the Go module proxy (once) ..."
+	@GOBIN=$(abspath $(BIN)) go install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+
+install: $(STAMP) $(NATIVE) $(HELM) ## Create .venv, install deps, compile the core, fetch Kafka's jars, build helm.
 	@$(BIN)/triage kafka install
 
 broker-up: install ## Start the local Kafka broker on KAFKA_PORT (default 9092); idempotent.

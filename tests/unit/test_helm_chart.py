@@ -9,11 +9,11 @@ import copy
 import re
 import shutil
 import subprocess
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
-import pytest
 import typer.main
 import yaml
 
@@ -141,8 +141,7 @@ def _options_root() -> set[str]:
 
 
 def test_gateway_command_is_registered() -> None:
-    if "gateway" not in _options_root():
-        pytest.skip("`triage gateway` is built on another branch")
+    assert "gateway" in _options_root()
     assert {"--config", "--port"} <= _options(["gateway"])
 
 
@@ -255,14 +254,22 @@ def test_keda_scales_each_pool_on_the_autoscale_signal() -> None:
 # --------------------------------------------------------------------------- helm itself
 
 
-@pytest.mark.skipif(shutil.which("helm") is None, reason="helm is not installed here")
+def _helm() -> str:
+    """`make install` builds helm into the venv (Makefile: HELM); one on PATH also does."""
+    local = Path(sys.executable).parent / "helm"
+    found = str(local) if local.exists() else shutil.which("helm")
+    assert found, "helm is missing: run `make install` (it builds helm with go)"
+    return found
+
+
 def test_helm_renders_what_the_small_renderer_renders(tmp_path: Path) -> None:
-    lint = subprocess.run(["helm", "lint", str(CHART)], capture_output=True, text=True,
+    helm = _helm()
+    lint = subprocess.run([helm, "lint", str(CHART)], capture_output=True, text=True,
                           check=False)  # fmt: skip
     assert lint.returncode == 0, lint.stdout + lint.stderr
     on = tmp_path / "on.yaml"
     on.write_text(yaml.safe_dump(ALL_ON))
-    out = subprocess.run(["helm", "template", "rel", str(CHART), "-f", str(on)],
+    out = subprocess.run([helm, "template", "rel", str(CHART), "-f", str(on)],
                          capture_output=True, text=True, check=True).stdout  # fmt: skip
     theirs = [d for d in yaml.safe_load_all(out) if d]
     ours = _objects(ALL_ON)
