@@ -78,8 +78,9 @@ def test_engine_queue_wait_is_not_learned_as_prefill() -> None:
 
 
 def test_gpu_busy_readings_do_not_tighten_an_unsaturated_pool() -> None:
-    """Cause 4: heartbeats saying 100% busy (NVML's utilization.gpu under continuous
-    batching) do not move the saturation signal; the core's own state does."""
+    """Cause 4: a busy reading (NVML's utilization.gpu, ~100% under continuous batching)
+    is no longer an input of the core at all; steady heartbeats of an unloaded pool
+    leave the saturation signal near zero (the old core tightened on them)."""
     cfg = config(gpus=2, kv_budget_gib=64.0, hysteresis={"low": 0.5, "high": 0.6,
                                                           "hold_s": 0.1, "smooth_s": 0.0})
     core = AdmissionCore(cfg, expect_heartbeats=True)
@@ -88,7 +89,7 @@ def test_gpu_busy_readings_do_not_tighten_an_unsaturated_pool() -> None:
         now = i * 0.05
         for g in ("g0", "g1"):
             core.heartbeat(pool="p", gpu_id=g, gpu_type="g", speed=1.0, kv_budget=64 * GIB,
-                           utilization=1.0, up=True, now=now)
+                           up=True, now=now)
         core.tick(now)
     m = core.dispatchers["p"].monitor
     assert m.utilization < 0.1 and not m.tightened

@@ -29,6 +29,7 @@ from triage.topics.messages import (
     LiveRequest,
     LiveState,
     Message,
+    OutboxMark,
     Reply,
     ScaleDirection,
     ScaleSignal,
@@ -162,6 +163,7 @@ SAMPLES: dict[str, Message] = {
         at_ms=NOW,
     ),
     "Tick": Tick(at_ms=NOW),
+    "OutboxMark": OutboxMark(seq=42),
     "LiveRequest": LiveRequest(
         request_id="req-1",
         tenant="rag",

@@ -161,12 +161,13 @@ class AdmissionCore:
 
     def heartbeat(
         self, *, pool: str, gpu_id: str, gpu_type: str, speed: float, kv_budget: int,
-        utilization: float, up: bool, now: float,
+        up: bool, now: float,
     ) -> list[Decision]:
+        """A GPU reported in. Its busy reading is not an input: saturation comes from the
+        core's own state (Dispatcher.utilization)."""
         d = self.dispatchers[pool]
         return self._settled(d, d.heartbeat(
-            gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, kv_budget=kv_budget,
-            utilization=utilization, up=up, now=now,
+            gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, kv_budget=kv_budget, up=up, now=now,
         ))
 
     def _settled(self, d: Dispatcher, decisions: list[Decision]) -> list[Decision]:

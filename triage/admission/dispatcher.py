@@ -45,10 +45,9 @@ PREEMPT_CANDIDATES: Final = 4
 # time constant of a GPU's recent prefill work (its prefills stall every decode there)
 PREFILL_WINDOW_S: Final = 5.0
 # Idle capacity for over-quota work: the GPU spends under this share of its time in
-# prefills (each stalls every decode there), and the in-quota runners keep at least
-# half their slack (a margin for the predictor's error and for later arrivals).
+# prefills (each stalls every decode there); the in-quota runners must also keep their
+# SLA slack (_idle_capacity).
 IDLE_MAX_STALL: Final = 0.15
-IDLE_BUDGET_SHARE: Final = 1.0
 # queued work that takes this long to drain reads as a saturated pool (hysteresis)
 DRAIN_HORIZON_S: Final = 10.0
 
@@ -354,7 +353,7 @@ class Dispatcher:
         )
         if stall >= IDLE_MAX_STALL:
             return False
-        return cost.decode_step(n) / (1.0 - stall) <= IDLE_BUDGET_SHARE * self._step_budget(slot)
+        return cost.decode_step(n) / (1.0 - stall) <= self._step_budget(slot)
 
     def _prefill_share(self, slot: GpuSlot, now: float) -> float:
         """Share of recent time `slot` spent prefilling (decayed sum over the window)."""
@@ -873,7 +872,7 @@ class Dispatcher:
                     self._requeue(p, now, R.GPU_LOST, out)
 
     def heartbeat(
-        self, *, gpu_id: str, gpu_type: str, speed: float, kv_budget: int, utilization: float,
+        self, *, gpu_id: str, gpu_type: str, speed: float, kv_budget: int,
         up: bool, now: float,
     ) -> list[Decision]:
         """A GPU reported in: capacity, utilization, and whether it takes work."""
@@ -883,7 +882,6 @@ class Dispatcher:
             slot = self.add_gpu(gpu_id=gpu_id, gpu_type=gpu_type, speed=speed, budget=kv_budget)
         slot.seen = True
         slot.last_heartbeat = now
-        slot.reported_util = utilization
         if kv_budget != slot.budget:
             self.ledger.set_budget(slot, kv_budget)
             self._largest_fits.clear()

@@ -37,7 +37,6 @@ class GpuSlot:
         "model_used",
         "prefill_at",
         "prefill_load",
-        "reported_util",
         "running",
         "seen",
         "speed",
@@ -62,7 +61,6 @@ class GpuSlot:
         self.up = True
         self.seen = False  # has sent a heartbeat
         self.last_heartbeat = 0.0
-        self.reported_util = 0.0
         self.running = 0  # sequences dispatched here and not finished
         self.used = 0  # reserved bytes, all models
         self.model_used: dict[str, int] = {}

@@ -23,11 +23,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
-import orjson
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
-from triage.topics.messages import Message
+from triage.topics.messages import Message, OutboxMark
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +206,7 @@ class KafkaOutbox(BatchedOutbox):
                         return last
                     raise KafkaException(err)
                 if msg.key() == MARK_KEY:
-                    last = max(last, int(orjson.loads(msg.value() or b"{}").get("seq", 0)))
+                    last = max(last, OutboxMark.from_bytes(msg.value() or b"").seq)
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
         finally:
             c.close()
@@ -235,7 +234,7 @@ class KafkaOutbox(BatchedOutbox):
             p.begin_transaction()  # type: ignore[attr-defined]
             for topic, key, value in batch:
                 self._produce(p, topic, key, value)
-            self._produce(p, self.marks_topic, MARK_KEY, orjson.dumps({"seq": seq}))
+            self._produce(p, self.marks_topic, MARK_KEY, OutboxMark(seq=seq).to_bytes())
             while True:
                 try:
                     p.commit_transaction(30.0)  # type: ignore[attr-defined]

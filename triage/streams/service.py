@@ -334,7 +334,7 @@ class AdmissionService:
         gt = self.config.gpu_types_by_name.get(st.gpu_type)
         decisions = self.core.heartbeat(
             pool=st.pool, gpu_id=st.gpu_id, gpu_type=st.gpu_type, speed=gt.speed if gt else 1.0,
-            kv_budget=st.kv_budget_bytes, utilization=st.utilization,
+            kv_budget=st.kv_budget_bytes,
             up=st.state is GpuState.UP and st.healthy, now=now,
         )
         self.metrics.gpu_utilization.labels(st.pool, st.gpu_id).set(st.utilization)

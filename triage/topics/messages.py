@@ -408,6 +408,14 @@ class Tick(Message):
     at_ms: EpochMs
 
 
+class OutboxMark(Message):
+    """The admission app's commit marker (its marks topic, key `mark`): written in the
+    same Kafka transaction as output batch `seq`, so a committed marker says that batch
+    and every one before it reached the wire (recovery re-sends only later batches)."""
+
+    seq: Annotated[int, Field(ge=0, strict=True)]
+
+
 class LiveState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -475,6 +483,7 @@ ALL_MESSAGES: dict[str, type[Message]] = {
         LiveRequest,
         BucketState,
         Tick,
+        OutboxMark,
     )
 }
 
