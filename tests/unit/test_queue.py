@@ -69,3 +69,46 @@ def test_deadline_unreachable_leaves_early() -> None:
     assert p.expires_at < 3.0  # must start by deadline - predicted time
     out = core.tick(p.expires_at)
     assert out[0].reason is ReasonCode.DEADLINE_UNREACHABLE
+
+
+# --- fair lanes with deadlines blended in (policy.deadline_s_per_token) -------------------
+
+def _lanes(blend: float, service_a: float) -> list[str]:
+    """Order in which a fair queue hands out two lanes: tenant `a` (`service_a` weighted
+    tokens served, a 5 s deadline) and tenant `b` (nothing served, a 100 s deadline)."""
+    from triage.admission.pending import Pending
+    from triage.admission.queue import PoolQueue
+
+    q = PoolQueue(max_size=10, tenant_limits={}, deadline_s_per_token=blend)
+    services = {"a": service_a, "b": 0.0}
+    for i, (t, sla) in enumerate((("a", 5.0), ("b", 100.0))):
+        p = Pending(f"{t}1", t, "m8", "p", 100, 10, 0.0, sla)
+        p.seq = i + 1
+        q.push(p, services[t], 0.1)
+    order = []
+    while (p := q.head_request()) is not None:
+        order.append(p.tenant)
+        q.remove(p, services[p.tenant], 0.1)
+    return order
+
+
+def test_a_tight_deadline_goes_first_when_services_are_close() -> None:
+    """Pure virtual-service order (VTC, blend 0) serves the tenant that is 1,000 tokens
+    behind first, though its deadline is 95 s later; the full policy's blend (1,000
+    tokens = 3 ms) serves the tight deadline first."""
+    assert _lanes(0.0, 1_000.0) == ["b", "a"]
+    assert _lanes(3e-6, 1_000.0) == ["a", "b"]
+
+
+def test_a_tenant_far_ahead_still_waits() -> None:
+    """Fairness holds: 100M weighted tokens ahead outweigh a 95 s deadline gap."""
+    assert _lanes(3e-6, 1e8) == ["b", "a"]
+
+
+def test_the_full_policy_blends_deadlines_and_the_baselines_do_not() -> None:
+    from triage.admission.policy import resolve_policy
+    from triage.config.models import PolicyConfig, PolicyPreset
+
+    assert resolve_policy(PolicyConfig()).deadline_s_per_token == 3e-6
+    assert resolve_policy(PolicyConfig(preset=PolicyPreset.VTC)).deadline_s_per_token == 0.0
+    assert resolve_policy(PolicyConfig(deadline_s_per_token=0.0)).deadline_s_per_token == 0.0

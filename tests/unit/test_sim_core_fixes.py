@@ -73,7 +73,10 @@ def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
                  tenant("chat", sla_ms=60_000, max_queue_wait_ms=60_000, weight=0.01)],
         models=[model("big", layers=80), model("small", reserved_kv_gib_per_gpu=1.0)],
         gpus=1, kv_budget_gib=4.0,
-        policy={"preset": "full", "preemption": False, "variance_buffer": 1.0},
+        # pure virtual-service order, so chat's tiny weight ranks it behind docs (with
+        # the full policy's deadline blend its 60 s SLA would outrank docs' 600 s)
+        policy={"preset": "full", "preemption": False, "variance_buffer": 1.0,
+                "deadline_s_per_token": 0.0},
     )
     core = AdmissionCore(cfg)
     # chat runs one request and, at its tiny weight, ranks behind docs in the queue

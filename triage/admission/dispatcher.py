@@ -153,7 +153,7 @@ class Dispatcher:
         )
         self.queue = PoolQueue(
             max_size=settings.queue_max, tenant_limits=settings.tenant_queue_max,
-            order=flags.order,
+            order=flags.order, deadline_s_per_token=flags.deadline_s_per_token,
         )
         # strict FIFO (the bounded-queue baseline): nothing passes a blocked head
         self.strict = flags.order == ORDER_FIFO
@@ -272,11 +272,11 @@ class Dispatcher:
         head = self.queue.head()
         if head is None:
             return True
-        _, (cls, service, deadline) = head
+        _, (cls, rank, deadline) = head
         if p.cls != cls:
             return p.cls < cls
-        mine = self.fair.service.get(p.tenant, 0.0)
-        return mine < service or (mine == service and p.deadline < deadline)
+        mine = self.queue.lane_key(p.deadline, self.fair.service.get(p.tenant, 0.0))
+        return mine < rank or (mine == rank and p.deadline < deadline)
 
     def _largest_fit(self, model: str, tenant: str) -> int:
         """Largest reservation an empty GPU of the pool could ever give (cached)."""

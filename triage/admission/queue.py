@@ -4,7 +4,8 @@ lane (the baselines).
 
 Layout: one heap per lane (a tenant, or everyone) ordered by (class, deadline, arrival)
 (by arrival alone in FIFO order); a heap of lanes ordered by (class of its head,
-virtual service, head deadline); an expiry heap. Entries are invalidated lazily (a
+rank, head deadline), the rank being the tenant's virtual service with the head's
+deadline blended in (`lane_key`); an expiry heap. Entries are invalidated lazily (a
 request that left is skipped when met), so push, pop and remove are O(log n).
 """
 
@@ -27,6 +28,7 @@ class PoolQueue:
         "_lane_heap",
         "_lane_ver",
         "_lanes",
+        "blend",
         "fifo",
         "in_quota",
         "max_size",
@@ -39,12 +41,14 @@ class PoolQueue:
     )
 
     def __init__(
-        self, *, max_size: int, tenant_limits: dict[str, int], order: int = ORDER_FAIR
+        self, *, max_size: int, tenant_limits: dict[str, int], order: int = ORDER_FAIR,
+        deadline_s_per_token: float = 0.0,
     ) -> None:
         self.max_size = max_size
         self.tenant_limits = tenant_limits
         self.fifo = order == ORDER_FIFO  # one lane by arrival
         self.single = order != ORDER_FAIR  # one lane for every tenant
+        self.blend = deadline_s_per_token  # fair lanes: deadline + blend x service
         self.members: dict[str, Pending] = {}
         self.in_quota = 0  # members of priority class 0 (within their tenant's quota)
         self.tenant_count: dict[str, int] = {}
@@ -104,9 +108,17 @@ class PoolQueue:
             if self.single:
                 heappush(self._lane_heap, (0, 0.0, 0.0, head.seq, ver, lane_key))
             else:
-                heappush(
-                    self._lane_heap, (head.cls, service, head.deadline, head.seq, ver, lane_key)
-                )
+                heappush(self._lane_heap, (
+                    head.cls, self.lane_key(head.deadline, service), head.deadline, head.seq,
+                    ver, lane_key,
+                ))
+
+    def lane_key(self, deadline: float, service: float) -> float:
+        """A fair lane's rank: its tenant's weighted service, with the head's deadline
+        blended in (`deadline_s_per_token`): among tenants whose service is close, the
+        tighter deadline goes first; a tenant far ahead still waits (fairness holds)."""
+        blend = self.blend
+        return deadline + blend * service if blend > 0.0 else service
 
     def head_request(self) -> Pending | None:
         """The next request in fairness order; its lane's entry is left on top of the heap
@@ -122,7 +134,8 @@ class PoolQueue:
         return None
 
     def head(self) -> tuple[Pending, tuple[int, float, float]] | None:
-        """The next request in fairness order, and its lane's key (class, service, deadline)."""
+        """The next request in fairness order, and its lane's key (class, rank, deadline;
+        the rank is `lane_key`'s)."""
         p = self.head_request()
         if p is None:
             return None

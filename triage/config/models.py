@@ -255,6 +255,12 @@ class PolicyConfig(StrictModel):
     fair_share_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
         0.1, description="Tightened pools hold back tenants above (1 + this) x their fair share."
     )
+    deadline_s_per_token: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
+        None, description="Fair order with deadlines: a tenant's lane is keyed by its head's "
+        "deadline plus this x its weighted service, so a tenant 1M weighted tokens ahead "
+        "yields 1M x this seconds to tighter deadlines. 0: pure virtual-service order (VTC). "
+        "None: the preset's (full: 3e-6; the baselines: 0).",
+    )
 
 
 class KafkaConfig(StrictModel):
