@@ -294,7 +294,7 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def run(*, latency_rate: float = 1000.0, latency_requests: int = 15_000,
+def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
         burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, instances: int = 1,
         repetitions: int = 3, broker_messages: int = 100_000, ceiling_messages: int = 10_000,
         port: int = 9092, bootstrap: str | None = None,

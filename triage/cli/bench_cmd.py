@@ -87,8 +87,8 @@ def core(
 @app.command("pipeline")
 def pipeline(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    latency_rate: float = typer.Option(1000.0, help="Offered requests/s in the latency phase."),
-    latency_requests: int = typer.Option(15_000, min=100, help="Requests in the latency phase."),
+    latency_rate: float = typer.Option(500.0, help="Offered requests/s in the latency phase."),
+    latency_requests: int = typer.Option(5_000, min=100, help="Requests in the latency phase."),
     burst_requests: int = typer.Option(
         10_000, min=100, help="Requests offered flat out (each one completes)."
     ),
