@@ -104,3 +104,16 @@ def test_fleet_stops_every_child_and_counts_their_cpu(tmp_path: Path) -> None:
     for c in children:  # stopped and reaped
         assert c.proc is not None and c.proc.returncode == -15
         assert not Path(f"/proc/{c.proc.pid}").exists()
+
+
+def test_the_text_report_names_every_ceiling_and_the_ratios() -> None:
+    from triage.cli.bench_cmd import _pipeline_lines
+
+    res = {**summarize([_rep(1.0)]), "repetitions": 1, "run_dir": "r",
+           "latency_offered_per_s": 500.0}
+    text = "\n".join(_pipeline_lines(res))
+    for needle in ("produce 180,000/s", "consume 120,000/s", "relay     3,000 msgs/s",
+                   "table     1,500 msgs/s", "skeleton  600 requests/s", "300 completed/s",
+                   "2,000 us admission CPU", "(2 s per 1,000)", "triage/skeleton 0.5",
+                   "relay/broker 0.025"):
+        assert needle in text, (needle, text)

@@ -10,7 +10,8 @@ broker, interleaved: each repetition measures, in turn,
 3. the Faust engine's ceilings: relay, table, skeleton (ceiling_app.py).
 
 The figures are the medians over the repetitions, and the ratios are taken between the
-medians. Requests are small and tenants' quotas large, so triage's figures measure the
+medians. A rate counts outputs (decision records, completions) from the moment the
+first input was offered to the last one's own timestamp. Requests are small and tenants' quotas large, so triage's figures measure the
 pipeline (Kafka in, Faust, the core, Kafka out), not the policy refusing work.
 
 Every child is stopped by pid when the run ends, whatever ends it (children.py).
