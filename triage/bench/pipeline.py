@@ -11,8 +11,9 @@ broker, interleaved: each repetition measures, in turn,
 
 The figures are the medians over the repetitions, and the ratios are taken between the
 medians. A rate counts outputs (decision records, completions) from the moment the
-first input was offered to the last one's own timestamp. Requests are small and tenants' quotas large, so triage's figures measure the
-pipeline (Kafka in, Faust, the core, Kafka out), not the policy refusing work.
+first input was offered to the last one's own timestamp. Requests are small and
+tenants' quotas large, so triage's figures measure the pipeline (Kafka in, Faust, the
+core, Kafka out), not the policy refusing work.
 
 Every child is stopped by pid when the run ends, whatever ends it (children.py).
 """
