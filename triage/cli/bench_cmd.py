@@ -14,9 +14,10 @@ from triage.cli.common import ExitCode, bootstrap_option, fail, load_or_exit, re
 app = typer.Typer(
     help=(
         "Benchmarks: `core` times the admission core alone (no I/O), `sim` the simulator's "
-        "throughput and memory, `pipeline` the whole app on a broker (produce-to-decision "
-        "latency and sustained decisions/s). Each prints one line, or one JSON object with "
-        "--json. Figures in README.md were taken with these."
+        "throughput and memory, `pipeline` the whole app on a broker beside the broker's and "
+        "the Faust engine's ceilings (latency, decisions and completions/s, CPU per "
+        "request, ratios). Each prints a short report, or one JSON object with --json. "
+        "Figures in README.md were taken with these."
     ),
     no_args_is_help=True,
 )
