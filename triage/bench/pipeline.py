@@ -1,65 +1,105 @@
-"""`triage bench pipeline`: requests through the real admission app on the local broker.
+"""`triage bench pipeline`: triage beside the ceilings it runs under, in one run, on one
+broker, interleaved: each repetition measures, in turn,
 
-Two phases on a fresh set of topics, with the admission app and one simulated worker
-per GPU running as processes:
+1. triage: the admission app (`--instances` processes) and one simulated worker per
+   GPU, as processes, on fresh topics. Latency: requests offered at `latency_rate`;
+   p50/p99 from a request's produce to its first decision record. Throughput, with
+   completions flowing: `burst_requests` offered flat out; first decisions per second,
+   completions per second, and the admission process's CPU per completed request;
+2. the broker's ceiling: confluent-kafka produce and consume (ceilings.py);
+3. the Faust engine's ceilings: relay, table, skeleton (ceiling_app.py).
 
-1. latency: requests offered at `latency_rate` per second; the time from a request's
-   produce to its first decision record (p50, p99);
-2. throughput: requests offered as fast as the producer can for `burst_requests`;
-   decisions of new requests per second, sustained, from the first to the last.
+The figures are the medians over the repetitions, and the ratios are taken between the
+medians. A rate counts outputs (decision records, completions) from the moment the
+first input was offered to the last one's own timestamp. Requests are small and
+tenants' quotas large, so triage's figures measure the pipeline (Kafka in, Faust, the
+core, Kafka out), not the policy refusing work.
 
-Requests are small and tenants' quotas large, so the numbers measure the pipeline
-(Kafka in, Faust, the core, Kafka out), not the policy refusing work.
+Every child is stopped by pid when the run ends, whatever ends it (children.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import yaml
 from confluent_kafka import OFFSET_END, TopicPartition
 
+from triage.bench.ceiling_app import CeilingKind
+from triage.bench.ceilings import broker_ceiling, faust_ceiling, request_bytes
+from triage.bench.children import (
+    BenchStartError,
+    Fleet,
+    cpu_seconds,
+    free_port,
+    free_run,
+    signals_unwind,
+)
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.clients import broker_reachable, make_consumer, make_producer
 from triage.kafka.local import LocalBroker
 from triage.topics.admin import create_topics, delete_topics
-from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
 TENANTS = ("t0", "t1", "t2", "t3")
+COMPLETE = "complete"  # the outcome of a decision record at a request's end
+STALL_S = 20.0  # waiting for decisions ends when none came for this long
 
 
-def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int) -> TriageConfig:
+def instances_problem(instances: int) -> str | None:
+    """Why `--instances N` cannot run yet, or None."""
+    if instances == 1:
+        return None
+    return (f"--instances {instances}: the admission app is not partitioned yet (one "
+            "partition per topic, one outbox transactional id and group instance id per "
+            "app), so a second instance would fence the first; run with --instances 1")
+
+
+def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int, pools: int = 1,
+                 overrides: dict[str, Any] | None = None) -> TriageConfig:
+    """The bench's config: `gpus` GPUs spread over `pools` pools (one model each), large
+    quotas, and metrics ports free at this moment. `overrides` are merged in (tests)."""
+    if gpus < pools:
+        raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
     tenant = {"rate_tokens_per_s": 1e12, "burst_tokens": 1e12, "queue_max": 100_000,
               "max_queue_wait_ms": 600_000, "sla_ms": 600_000}
-    return TriageConfig.model_validate({
+    model = {"layers": 16, "kv_heads": 8, "head_dim": 64, "dtype": "bf16",
+             "context_tokens": 4096, "prefill_s_per_token": 1e-6,
+             "decode_s_per_token": 0.001, "batch_slowdown": 0.001}
+    data: dict[str, Any] = {
         "tenants": [{"name": t, **tenant} for t in TENANTS],
-        "models": [{"name": "tiny", "pool": "p", "layers": 16, "kv_heads": 8, "head_dim": 64,
-                    "dtype": "bf16", "context_tokens": 4096, "prefill_s_per_token": 1e-6,
-                    "decode_s_per_token": 0.001, "batch_slowdown": 0.001}],
+        "models": [{"name": f"tiny{j}", "pool": f"p{j}", **model} for j in range(pools)],
         "gpu_types": [{"name": "H200", "memory_gib": 141}],
-        "pools": [{"name": "p", "gpu_type": "H200", "gpus": [f"g{i}" for i in range(gpus)],
-                   "kv_budget_gib": 120, "queue_max": 100_000}],
+        "pools": [{"name": f"p{j}", "gpu_type": "H200", "kv_budget_gib": 120,
+                   "queue_max": 100_000,
+                   "gpus": [f"g{i}" for i in range(gpus) if i % pools == j]}
+                  for j in range(pools)],
         "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": prefix},
         "admission": {"datadir": str(run_dir / "admission-data")},
-        "metrics": {"admission_port": 19408, "worker_port_base": 19410},
-    })
+        "metrics": {"admission_port": free_port(), "worker_port_base": free_run(gpus)},
+    }
+    for section, values in (overrides or {}).items():
+        data[section] = {**data.get(section, {}), **values}
+    return TriageConfig.model_validate(data)
 
 
 class DecisionClock:
-    """Reads the decisions topic and stamps each request's first decision."""
+    """Reads the decisions topic: each request's first decision and its completion."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self._c = make_consumer(bootstrap, f"bench-{topic}")
         self._c.assign([TopicPartition(topic, 0, OFFSET_END)])
         self.first: dict[str, int] = {}  # request_id -> decision at_ms
+        self.done: dict[str, int] = {}  # request_id -> completion at_ms
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
@@ -67,122 +107,242 @@ class DecisionClock:
         self._t.start()
 
     def _run(self) -> None:
-        import json
-
         while not self._stop.is_set():
             for m in self._c.consume(num_messages=2000, timeout=0.2):
                 if m.error() is not None:
                     continue
                 d = json.loads(m.value() or b"{}")
                 rid = d.get("request_id")
-                if rid is not None and rid not in self.first:
-                    self.first[rid] = int(d["at_ms"])
+                if rid is None:
+                    continue
+                self.first.setdefault(rid, int(d["at_ms"]))
+                if d.get("outcome") == COMPLETE:
+                    self.done.setdefault(rid, int(d["at_ms"]))
 
     def stop(self) -> None:
         self._stop.set()
-        self._t.join(timeout=5)
+        if self._t.is_alive():
+            self._t.join(timeout=5)
         self._c.close()
 
 
-def _offer(bootstrap: str, names: TopicNames, prefix: str, n: int, rate: float | None,
-           sent: dict[str, int]) -> float:
-    """Produce n requests (at `rate` per second, or flat out); returns the offered rate."""
+def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | None,
+           models: list[str], sent: dict[str, int]) -> float:
+    """Produce n requests at `rate` per second, or flat out (built beforehand, so that
+    the producer outruns the app); returns the offered rate."""
     p = make_producer(bootstrap, **{"linger.ms": 2})
+    p.list_topics(names.requests(TENANTS[0]), timeout=10)  # connected before the clock
+    tenants = [TENANTS[i % len(TENANTS)] for i in range(n)]
+    built = [] if rate is not None else [
+        request_bytes(f"{tag}-{i}", tenants[i], models[i % len(models)],
+                      int(time.time() * 1000)) for i in range(n)]
     start = time.time()
     for i in range(n):
+        rid = f"{tag}-{i}"
         if rate is not None:
             due = start + i / rate
             while (now := time.time()) < due:
                 p.poll(min(0.002, due - now))
-        rid = f"{prefix}-{i}"
-        t = TENANTS[i % len(TENANTS)]
         now_ms = int(time.time() * 1000)
-        req = InferenceRequest(request_id=rid, tenant=t, model="tiny", prompt_tokens=32,
-                               max_tokens=4, created_at_ms=now_ms,
-                               metadata={"sim_output_tokens": "2"})
+        value = built[i] if built else request_bytes(rid, tenants[i], models[i % len(models)],
+                                                     now_ms)
         sent[rid] = now_ms
-        p.produce(names.requests(t), key=rid.encode(), value=req.to_bytes())
+        p.produce(names.requests(tenants[i]), key=rid.encode(), value=value)
         if i % 200 == 0:
             p.poll(0)
     p.flush(30)
     return n / max(1e-9, time.time() - start)
 
 
-def _wait(clock: DecisionClock, ids: dict[str, int], timeout_s: float) -> None:
+def _wait(seen: dict[str, int], ids: dict[str, int], timeout_s: float) -> None:
+    """Until every id is in `seen`, or none arrived for STALL_S, or the timeout."""
     deadline = time.monotonic() + timeout_s
+    last, since = -1, time.monotonic()
     while time.monotonic() < deadline:
-        if all(r in clock.first for r in ids):
+        have = sum(1 for r in ids if r in seen)
+        if have == len(ids):
+            return
+        if have != last:
+            last, since = have, time.monotonic()
+        elif time.monotonic() - since > STALL_S:
             return
         time.sleep(0.2)
 
 
-def run(*, latency_rate: float = 1000.0, latency_requests: int = 15_000,
-        burst_requests: int = 30_000, gpus: int = 2, port: int = 9092,
-        bootstrap: str | None = None,
-        out_dir: Path = Path("reports/bench-pipeline")) -> dict[str, Any]:
-    """On `bootstrap` when given (a broker that must already run), else on the local
-    broker on `port`, started if none answers (and stopped after)."""
-    broker = LocalBroker(port=port)
-    server = bootstrap or broker.bootstrap
-    started = False
-    if bootstrap is None and not broker_reachable(server, timeout_s=3.0):
-        started = broker.start().started
-    stamp = time.strftime("%Y%m%d%H%M%S")
-    prefix = f"bench{stamp}"
-    run_dir = out_dir / stamp
-    run_dir.mkdir(parents=True, exist_ok=True)
-    cfg = bench_config(server, prefix, run_dir, gpus=gpus)
-    cfg_path = run_dir / "triage.yaml"
-    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
-    names = TopicNames(prefix)
+def _rate(stamps_ms: list[int], since_ms: int) -> float:
+    """Stamps per second from `since_ms` (when the first was offered) to the last."""
+    if not stamps_ms:
+        return 0.0
+    return len(stamps_ms) / (max(1, max(stamps_ms) - since_ms) / 1000.0)
+
+
+def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, run_dir: Path,
+                 *, instances: int, latency_rate: float, latency_requests: int,
+                 burst_requests: int) -> dict[str, Any]:
+    names = TopicNames(cfg.kafka.topic_prefix)
     create_topics(server, names, cfg)
-    procs = [ChildProcess("admission", ["admission", "--config", str(cfg_path), "--loglevel",
-                                        "warn"], run_dir / "admission.log")]
-    procs += [ChildProcess(f"worker-{g}", ["worker", "--gpu", g, "--backend", "sim",
-                                           "--config", str(cfg_path)],
-                           run_dir / f"worker-{g}.log") for g in cfg.all_gpus()]
+    ports = [cfg.metrics.admission_port, *(free_port() for _ in range(instances - 1))]
+    admissions = [ChildProcess(f"admission-{i}", [
+        "admission", "--config", str(cfg_path), "--loglevel", "warn",
+        "--datadir", str(run_dir / f"admission-{i}-data"), "--metrics-port", str(port),
+    ], run_dir / f"admission-{i}.log") for i, port in enumerate(ports)]
+    workers = [ChildProcess(f"worker-{g}", ["worker", "--gpu", g, "--backend", "sim",
+                                            "--config", str(cfg_path)],
+                            run_dir / f"worker-{g}.log") for g in cfg.all_gpus()]
+    models = [m.name for m in cfg.models]
     clock = DecisionClock(server, names.decisions)
     try:
-        for p in procs:
-            p.start()
-        url = f"http://127.0.0.1:{cfg.metrics.admission_port}/metrics"
-        if not wait_for_metric(url, "triage_admission_ready 1.0", timeout_s=120,
-                               proc=procs[0]):
-            raise RuntimeError(f"admission app did not start:\n{procs[0].tail()}")
+        for p in [*admissions, *workers]:
+            fleet.start(p)
+        for p, port in zip(admissions, ports, strict=True):
+            url = f"http://127.0.0.1:{port}/metrics"
+            if not wait_for_metric(url, "triage_admission_ready 1.0", timeout_s=180, proc=p):
+                raise BenchStartError(f"{p.name} did not start: {_last_line(p)}")
+        dead = [w.name for w in workers if not w.alive()]
+        if dead:
+            raise BenchStartError(f"{dead[0]} exited: {_last_line(workers[0])}")
         clock.start()
         time.sleep(2.0)  # the workers' first heartbeats
         lat_ids: dict[str, int] = {}
-        offered = _offer(server, names, "lat", latency_requests, latency_rate,
-                         lat_ids)
-        _wait(clock, lat_ids, 120)
+        offered = _offer(server, names, "lat", latency_requests, latency_rate, models, lat_ids)
+        _wait(clock.first, lat_ids, 120)
         lat = sorted(clock.first[r] - t for r, t in lat_ids.items() if r in clock.first)
+        _wait(clock.done, lat_ids, 300)  # the burst's CPU is the burst's alone
+        pids = [p.proc.pid for p in admissions if p.proc is not None]
+        cpu0 = sum(cpu_seconds(pid) for pid in pids)
         burst_ids: dict[str, int] = {}
-        burst_offered = _offer(server, names, "burst", burst_requests, None,
-                               burst_ids)
-        _wait(clock, burst_ids, 300)
-        stamps = sorted(clock.first[r] for r in burst_ids if r in clock.first)
-        span_s = (stamps[-1] - stamps[0]) / 1000.0 if len(stamps) > 1 else float("nan")
+        burst_offered = _offer(server, names, "burst", burst_requests, None, models, burst_ids)
+        _wait(clock.first, burst_ids, 300)
+        _wait(clock.done, burst_ids, 600)
+        cpu_s = sum(cpu_seconds(pid) for pid in pids) - cpu0
+        decided = [clock.first[r] for r in burst_ids if r in clock.first]
+        done = [clock.done[r] for r in burst_ids if r in clock.done]
+        since = min(burst_ids.values())
         return {
-            "requests_per_s": round(len(stamps) / span_s, 1) if span_s > 0 else None,
-            "offered_per_s": round(burst_offered, 1),
-            "burst_requests": burst_requests,
-            "burst_decided": len(stamps),
-            "latency_offered_per_s": round(offered, 1),
-            "latency_requests": latency_requests,
+            "completed_per_s": _rate(done, since),
+            "decisions_per_s": _rate(decided, since),
+            "p50_ms": float(statistics.median(lat)) if lat else None,
+            "p99_ms": float(lat[int(0.99 * (len(lat) - 1))]) if lat else None,
+            "max_ms": float(lat[-1]) if lat else None,
+            "admission_cpu_us_per_request": cpu_s / len(done) * 1e6 if done else None,
+            "burst_offered_per_s": burst_offered, "burst_decided": len(decided),
+            "burst_completed": len(done), "latency_offered_per_s": offered,
             "latency_decided": len(lat),
-            "p50_ms": statistics.median(lat) if lat else None,
-            "p99_ms": lat[int(0.99 * (len(lat) - 1))] if lat else None,
-            "max_ms": lat[-1] if lat else None,
-            "gpus": gpus,
-            "run_dir": str(run_dir),
         }
     finally:
         clock.stop()
-        for p in reversed(procs):
-            p.stop()
+        fleet.stop(*admissions, *workers)
+
+
+def _last_line(child: ChildProcess) -> str:
+    lines = [ln for ln in child.tail(20).splitlines() if ln.strip()]
+    return lines[-1] if lines else f"no output (see {child.log_path})"
+
+
+CEILINGS = ((CeilingKind.RELAY, "faust_relay_ceiling_per_s", "faust_relay_cpu_us_per_msg"),
+            (CeilingKind.TABLE, "faust_table_ceiling_per_s", "faust_table_cpu_us_per_msg"),
+            (CeilingKind.SKELETON, "faust_skeleton_ceiling_per_s",
+             "faust_skeleton_cpu_us_per_request"))
+
+
+def repetition(fleet: Fleet, server: str, run_prefix: str, run_dir: Path, rep: int, *,
+               gpus: int, pools: int, instances: int, broker_messages: int,
+               ceiling_messages: int, overrides: dict[str, Any] | None,
+               **triage_sizes: Any) -> dict[str, Any]:
+    """One of each measurement, in turn, on fresh topics under `run_prefix`."""
+    rep_dir = run_dir / f"r{rep}"
+    rep_dir.mkdir(parents=True, exist_ok=True)
+    cfg = bench_config(server, f"{run_prefix}-r{rep}", rep_dir, gpus=gpus, pools=pools,
+                       overrides=overrides)
+    cfg_path = rep_dir / "triage.yaml"
+    cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    out = triage_phase(fleet, server, cfg, cfg_path, rep_dir, instances=instances,
+                       **triage_sizes)
+    b = broker_ceiling(server, f"{run_prefix}-b{rep}.broker", broker_messages)
+    out["broker_produce_per_s"], out["broker_consume_per_s"] = (b["produce_per_s"],
+                                                                b["consume_per_s"])
+    for kind, rate_key, cpu_key in CEILINGS:
+        c = faust_ceiling(fleet, kind=kind, bootstrap=server, config_path=cfg_path,
+                          base=f"{run_prefix}-c{rep}-{kind.value}", n=ceiling_messages,
+                          run_dir=rep_dir)
+        out[rate_key], out[cpu_key] = c["per_s"], c["cpu_us"]
+    return out
+
+
+RATIOS = (  # name, numerator, denominator
+    ("triage_vs_skeleton", "completed_per_s", "faust_skeleton_ceiling_per_s"),
+    ("skeleton_vs_table", "faust_skeleton_ceiling_per_s", "faust_table_ceiling_per_s"),
+    ("table_vs_relay", "faust_table_ceiling_per_s", "faust_relay_ceiling_per_s"),
+    ("relay_vs_broker", "faust_relay_ceiling_per_s", "broker_per_s"),
+    ("triage_cpu_vs_skeleton", "admission_cpu_us_per_request",
+     "faust_skeleton_cpu_us_per_request"),
+)
+
+
+def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians of every figure over the repetitions, and the ratios between the medians.
+    `broker_per_s` is the slower of produce and consume."""
+    out: dict[str, Any] = {}
+    for key in reps[0]:
+        values = [r[key] for r in reps if isinstance(r.get(key), int | float)]
+        out[key] = round(float(statistics.median(values)), 1) if values else None
+    brokers = [out.get("broker_produce_per_s"), out.get("broker_consume_per_s")]
+    out["broker_per_s"] = min(brokers) if all(brokers) else None  # type: ignore[type-var]
+    cpu = out["admission_cpu_us_per_request"]
+    out["admission_cpu_s_per_1000_requests"] = round(cpu / 1000, 3) if cpu else None
+    for name, num, den in RATIOS:
+        a, b = out.get(num), out.get(den)
+        out[name] = round(a / b, 3) if a and b else None
+    return out
+
+
+def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
+        burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, instances: int = 1,
+        repetitions: int = 3, broker_messages: int = 100_000, ceiling_messages: int = 10_000,
+        port: int = 9092, bootstrap: str | None = None,
+        out_dir: Path = Path("reports/bench-pipeline"),
+        overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """On `bootstrap` when given (a broker that must already run), else on the local
+    broker on `port`, started if none answers (and stopped after)."""
+    problem = instances_problem(instances)
+    if problem is not None:
+        raise ValueError(problem)
+    if gpus < pools:
+        raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
+    broker = LocalBroker(port=port)
+    server = bootstrap or broker.bootstrap
+    started = reached = False
+    run_prefix = f"bench{time.strftime('%Y%m%d%H%M%S')}{uuid.uuid4().hex[:4]}"
+    run_dir = out_dir / run_prefix
+    fleet = Fleet()
+    with signals_unwind():
         try:
-            delete_topics(server, prefix)
-        except Exception as exc:  # cleanup is best effort
-            log.warning("could not delete bench topics: %s", exc)
-        if started:
-            broker.stop()
+            if bootstrap is None and not broker_reachable(server, timeout_s=3.0):
+                started = broker.start().started
+            reached = True
+            run_dir.mkdir(parents=True, exist_ok=True)
+            reps = [repetition(fleet, server, run_prefix, run_dir, i + 1, gpus=gpus,
+                               pools=pools, instances=instances,
+                               broker_messages=broker_messages,
+                               ceiling_messages=ceiling_messages, overrides=overrides,
+                               latency_rate=latency_rate, latency_requests=latency_requests,
+                               burst_requests=burst_requests)
+                    for i in range(repetitions)]
+            out = summarize(reps)
+            out.update({"repetitions": repetitions, "instances": instances, "pools": pools,
+                        "gpus": gpus, "burst_requests": burst_requests,
+                        "latency_requests": latency_requests,
+                        "ceiling_messages": ceiling_messages,
+                        "broker_messages": broker_messages, "run_dir": str(run_dir),
+                        "per_repetition": reps})
+            (run_dir / "result.json").write_text(json.dumps(out, indent=1))
+            return out
+        finally:
+            fleet.stop_all()
+            try:
+                if reached:
+                    delete_topics(server, run_prefix)
+            except Exception as exc:  # cleanup is best effort
+                log.warning("could not delete bench topics: %s", exc)
+            if started:
+                broker.stop()

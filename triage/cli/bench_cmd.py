@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
+from pathlib import Path
+from typing import Any
 
 import typer
 
-from triage.cli.common import ExitCode, bootstrap_option, fail, require_broker
+from triage.cli.common import ExitCode, bootstrap_option, fail, load_or_exit, require_broker
 
 app = typer.Typer(
     help=(
         "Benchmarks: `core` times the admission core alone (no I/O), `sim` the simulator's "
-        "throughput and memory, `pipeline` the whole app on a broker (produce-to-decision "
-        "latency and sustained decisions/s). Each prints one line, or one JSON object with "
-        "--json. Figures in README.md were taken with these."
+        "throughput and memory, `pipeline` the whole app on a broker beside the broker's and "
+        "the Faust engine's ceilings (latency, decisions and completions/s, CPU per "
+        "request, ratios). Each prints a short report, or one JSON object with --json. "
+        "Figures in README.md were taken with these."
     ),
     no_args_is_help=True,
 )
@@ -84,10 +88,28 @@ def core(
 @app.command("pipeline")
 def pipeline(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
-    latency_rate: float = typer.Option(1000.0, help="Offered requests/s in the latency phase."),
-    latency_requests: int = typer.Option(15_000, min=100, help="Requests in the latency phase."),
-    burst_requests: int = typer.Option(30_000, min=100, help="Requests offered flat out."),
-    gpus: int = typer.Option(2, min=1, help="Simulated GPUs (one worker process each)."),
+    latency_rate: float = typer.Option(500.0, help="Offered requests/s in the latency phase."),
+    latency_requests: int = typer.Option(5_000, min=100, help="Requests in the latency phase."),
+    burst_requests: int = typer.Option(
+        10_000, min=100, help="Requests offered flat out (each one completes)."
+    ),
+    gpus: int = typer.Option(2, min=1, help="Simulated GPUs in all (one worker process each)."),
+    pools: int = typer.Option(1, min=1, help="Pools the GPUs are spread over (one model each)."),
+    instances: int = typer.Option(
+        1, min=1, help="Admission processes in one consumer group (only 1 until the app is "
+        "partitioned)."
+    ),
+    repetitions: int = typer.Option(3, min=1, help="Interleaved repetitions (medians)."),
+    broker_messages: int = typer.Option(
+        100_000, min=100, help="Messages produced and consumed for the broker's ceiling."
+    ),
+    ceiling_messages: int = typer.Option(
+        10_000, min=100, help="Messages (requests for the skeleton) per Faust ceiling."
+    ),
+    out: Path = typer.Option(
+        Path("reports/bench-pipeline"), "--out", help="Where each run writes its logs, "
+        "configs and result.json (a folder per run)."
+    ),
     port: int = typer.Option(
         9092, "--port", "-p", min=1, max=65534,
         help="Port of the local broker (started if none answers, stopped after).",
@@ -96,27 +118,82 @@ def pipeline(
         "Run on this Kafka host:port instead (it must already answer; nothing is started)."
     ),
 ) -> None:
-    """The admission app on the local broker with simulated workers: p50/p99 from a
-    request's produce to its decision record at a steady offered rate, then the decisions
-    per second it sustains when requests are offered flat out."""
-    from triage.bench.pipeline import run
+    """Triage beside its ceilings, interleaved on one broker (medians of --repetitions):
+    the broker's produce and consume, a Faust relay, relay plus a table write, and a
+    skeleton of triage's events per request, against the admission app with simulated
+    workers (p50/p99 produce-to-decision at a steady rate; decisions, completions and
+    admission CPU per request flat out), with the ratios between them."""
+    from triage.bench.children import BenchInterrupted, BenchStartError
+    from triage.bench.pipeline import instances_problem, run
     from triage.kafka.local import LocalBrokerError
 
+    problem = instances_problem(instances)
+    if problem is None and gpus < pools:
+        problem = f"--gpus {gpus} is fewer than --pools {pools}: each pool needs a GPU"
+    if problem is not None:
+        raise fail(problem, ExitCode.USAGE, json_out=json_out)
     if bootstrap:
         require_broker(bootstrap, json_out=json_out)
     try:
-        out = run(latency_rate=latency_rate, latency_requests=latency_requests,
-                  burst_requests=burst_requests, gpus=gpus, port=port, bootstrap=bootstrap)
+        res = run(latency_rate=latency_rate, latency_requests=latency_requests,
+                  burst_requests=burst_requests, gpus=gpus, pools=pools, instances=instances,
+                  repetitions=repetitions, broker_messages=broker_messages,
+                  ceiling_messages=ceiling_messages, port=port, bootstrap=bootstrap,
+                  out_dir=out)
     except LocalBrokerError as exc:
         raise fail(f"cannot start Kafka: {str(exc).splitlines()[0]}", ExitCode.UNAVAILABLE,
                    json_out=json_out) from None
-    except RuntimeError as exc:  # the app or a worker did not come up (its log says why)
+    except (BenchStartError, RuntimeError) as exc:  # a child did not come up (its log says why)
         raise fail(str(exc).splitlines()[0], ExitCode.FAILED, json_out=json_out) from None
+    except BenchInterrupted as exc:
+        raise fail(f"interrupted ({exc}): every child process was stopped",
+                   ExitCode.INTERRUPTED, json_out=json_out) from None
     if json_out:
-        typer.echo(json.dumps(out))
+        typer.echo(json.dumps(res))
         return
-    typer.echo(
-        f"sustained {out['requests_per_s']} requests/s (offered {out['offered_per_s']}/s); "
-        f"at {out['latency_offered_per_s']}/s offered: p50 {out['p50_ms']} ms, "
-        f"p99 {out['p99_ms']} ms (produce to decision record)"
-    )
+    for line in _pipeline_lines(res):
+        typer.echo(line)
+
+
+def _pipeline_lines(r: dict[str, Any]) -> list[str]:
+    def f(key: str) -> str:
+        v = r.get(key)
+        return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"
+
+    return [
+        f"medians of {r['repetitions']} interleaved repetitions ({r['run_dir']}):",
+        f"  broker          produce {f('broker_produce_per_s')}/s, consume "
+        f"{f('broker_consume_per_s')}/s",
+        f"  faust relay     {f('faust_relay_ceiling_per_s')} msgs/s, "
+        f"{f('faust_relay_cpu_us_per_msg')} us CPU each",
+        f"  faust table     {f('faust_table_ceiling_per_s')} msgs/s, "
+        f"{f('faust_table_cpu_us_per_msg')} us CPU each",
+        f"  faust skeleton  {f('faust_skeleton_ceiling_per_s')} requests/s, "
+        f"{f('faust_skeleton_cpu_us_per_request')} us CPU each",
+        f"  triage          {f('completed_per_s')} completed/s, {f('decisions_per_s')} "
+        f"first decisions/s, {f('admission_cpu_us_per_request')} us admission CPU per "
+        f"completed request ({f('admission_cpu_s_per_1000_requests')} s per 1,000); "
+        f"p50 {f('p50_ms')} ms, p99 {f('p99_ms')} ms at {f('latency_offered_per_s')}/s",
+        f"  ratios          triage/skeleton {f('triage_vs_skeleton')}, skeleton/table "
+        f"{f('skeleton_vs_table')}, table/relay {f('table_vs_relay')}, relay/broker "
+        f"{f('relay_vs_broker')}",
+    ]
+
+
+@app.command("ceiling-app", hidden=True)
+def ceiling_app(
+    config: Path = typer.Option(..., "--config", help="The bench run's config."),
+    kind: str = typer.Option(..., help="relay, table or skeleton."),
+    base: str = typer.Option(..., help="The app's topics are <base>.in, <base>.out, ..."),
+    datadir: Path = typer.Option(..., help="RocksDB directory of this app."),
+) -> None:
+    """One ceiling app of `bench pipeline` (the bench runs it as a child process)."""
+    import faust
+
+    from triage.bench.ceiling_app import CeilingKind, build_ceiling_app
+
+    cfg = load_or_exit(config)
+    logging.getLogger("faust").setLevel(logging.WARNING)  # as `triage admission` does
+    datadir.mkdir(parents=True, exist_ok=True)
+    built = build_ceiling_app(cfg, CeilingKind(kind), base, datadir=str(datadir))
+    faust.Worker(built, loglevel="warn", quiet=True).execute_from_commandline()

@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any
 
 import faust
-from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from triage.config.checks import runnable_problem
 from triage.config.load import load_config, tenant_change
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
-from triage.kafka.security import faust_credentials, use_kafka_security
+from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
+from triage.streams.engine import RAW_TOPIC, faust_app, install_patches, raw_table, start_outbox
 from triage.streams.gaps import GapGuard, committed_offsets, read_range
 from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
@@ -77,28 +77,6 @@ class AdmissionApp:
     discovery_failures: int = 0
 
 
-FETCH_MAX_WAIT_MS = 20
-
-
-def _short_fetch_wait() -> None:
-    """faust-streaming hard-codes fetch_max_wait_ms=1500 on its consumer. aiokafka leaves
-    a partition that still has buffered records out of the next fetch, and that fetch then
-    waits up to the full 1.5 s for the *other* partitions: a request waited ~1 s for its
-    decision at 150 requests/s. A short wait costs a few more fetch requests when idle."""
-    cls: Any = faust_aiokafka.AIOKafkaConsumerThread
-    if getattr(cls, "_triage_short_fetch", False):
-        return
-    create = cls._create_worker_consumer
-
-    def _create(self: Any, transport: Any) -> Any:
-        consumer = create(self, transport)
-        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its Fetcher at start()
-        return consumer
-
-    cls._create_worker_consumer = _create
-    cls._triage_short_fetch = True
-
-
 def build_app(
     config: TriageConfig, *, config_path: Path | None = None, datadir: str | None = None,
     metrics_port: int | None = None,
@@ -111,44 +89,16 @@ def build_app(
     use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
     app_id = f"{names.prefix}.app.{config.admission.app_id}"
-    marks = f"{app_id}.outbox"
-    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, 1,
-                                                  k.replication_factor)])
-    outbox = KafkaOutbox(k.bootstrap_servers, transactional_id=f"{app_id}.outbox",
-                         marks_topic=marks)
-    outbox.start()
-    _short_fetch_wait()
-    faust_fixes.skip_commits_while_resubscribing()
-    faust_fixes.read_fresh_partitions_from_the_start(names.requests_pattern)
-
-    app = faust.App(
-        app_id,
-        broker=f"kafka://{k.bootstrap_servers}",
-        broker_credentials=faust_credentials(k.security),
-        # Static membership: a restarted app (same instance id) gets its partitions back
-        # at once instead of waiting out the dead member's session (docs/reliability.md).
-        consumer_group_instance_id=(f"{app_id}.instance" if config.admission.static_membership
-                                    else None),
-        broker_session_timeout=config.admission.session_timeout_s,
-        broker_heartbeat_interval=min(3.0, config.admission.session_timeout_s / 5),
-        store="rocksdb://",
-        datadir=datadir or config.admission.datadir,
-        topic_partitions=1,
-        topic_replication_factor=k.replication_factor,
-        consumer_auto_offset_reset="earliest",
-        broker_commit_interval=1.0,
-        producer_linger_ms=5,
-        web_enabled=False,
-        table_cleanup_interval=3600.0,
-    )
+    outbox = start_outbox(config, app_id)
+    install_patches(names.requests_pattern)
+    app = faust_app(config, app_id, datadir=datadir or config.admission.datadir)
 
     # --- topics --------------------------------------------------------------------
     # every tenant's topic on the broker, configured or not: a removed tenant's requests
     # are answered `invalid` (unknown_tenant), not left unread
     initial = sorted({names.requests(t.name) for t in config.tenants}
                      | set(_request_topics_on_broker(config, names)))
-    raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
-                           "value_serializer": "raw"}
+    raw = RAW_TOPIC
     request_topic = app.topic(*initial, **raw)
     completions_topic = app.topic(names.completions, **raw)
     status_topic = app.topic(names.gpu_status, **raw)
@@ -156,12 +106,7 @@ def build_app(
 
     # --- tables (key partitioner: writable from timers; one changelog partition) ----
     def table(name: str) -> Any:
-        t: Any = app.Table(name, default=None, partitions=1, use_partitioner=True,
-                           key_type=bytes, value_type=bytes)
-        # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
-        t.key_serializer = "raw"
-        t.value_serializer = "raw"
-        return t
+        return raw_table(app, name)
 
     store = MappingStore(_StrKeys(table(REQUESTS)), _StrKeys(table(BUCKETS)),
                          _StrKeys(table(LEARNED)))
@@ -259,16 +204,7 @@ def build_app(
 
     @app.task
     async def commit_outputs() -> None:
-        """Commit staged outputs continuously (a loop, not a timer: a commit can take
-        longer than CYCLE_S, and then the next one simply follows)."""
-        while not outbox.stopping:
-            await asyncio.sleep(CYCLE_S)
-            if not admission.restored:
-                continue
-            try:
-                await committer.drain()
-            except Exception as exc:  # the commit hook raises too: offsets stay behind
-                log.error("output batch not committed: %s", exc)
+        await commit_continuously(committer, outbox, lambda: admission.restored)
 
     @app.timer(interval=DISCOVERY_S)
     async def discover() -> None:
@@ -356,6 +292,20 @@ class Committer:
                 attempt += 1
                 log.warning("changelog flush failed (%s); retrying", exc)
                 await asyncio.sleep(min(2.0, 0.1 * attempt))
+
+
+async def commit_continuously(committer: Committer, outbox: KafkaOutbox,
+                              ready: Callable[[], bool]) -> None:
+    """Commit staged outputs continuously (a loop, not a timer: a commit can take
+    longer than CYCLE_S, and then the next one simply follows)."""
+    while not outbox.stopping:
+        await asyncio.sleep(CYCLE_S)
+        if not ready():
+            continue
+        try:
+            await committer.drain()
+        except Exception as exc:  # the commit hook raises too: offsets stay behind
+            log.error("output batch not committed: %s", exc)
 
 
 def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:

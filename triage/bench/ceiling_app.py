@@ -1,0 +1,144 @@
+"""The ceiling apps of `triage bench pipeline`: Faust apps on the admission app's own
+engine (streams/engine.py: its settings and fixes, the 20 ms fetch wait, the
+transactional outbox, the changelog flushed before each batch commits) that do no
+admission work, so what they sustain is what the engine allows.
+
+- relay: parse each input, stage one output;
+- table: the same plus one RocksDB table write per input;
+- skeleton: triage's pattern per request. The request is parsed, written to the table
+  and answered with three outputs (a reply, a decision record, a work item); the work
+  item is read back as the request's completion (no worker in between), written to the
+  table again and answered with two more (the final reply, a decision record):
+  2 events, 2 table writes, 5 outputs per request.
+
+Each request's last output goes to `<base>.out`, which the bench counts.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import faust
+
+from triage.config.models import TriageConfig
+from triage.kafka.security import use_kafka_security
+from triage.streams.app import Committer, commit_continuously
+from triage.streams.engine import RAW_TOPIC, faust_app, install_patches, raw_table, start_outbox
+from triage.streams.health import Health
+from triage.streams.outbox import KafkaOutbox
+
+
+class CeilingKind(StrEnum):
+    RELAY = "relay"
+    TABLE = "table"
+    SKELETON = "skeleton"
+
+
+@dataclass(frozen=True)
+class CeilingTopics:
+    """The topics of one ceiling app, all under `base`."""
+
+    base: str
+
+    @property
+    def inputs(self) -> str:
+        return f"{self.base}.in"
+
+    @property
+    def out(self) -> str:
+        return f"{self.base}.out"
+
+    @property
+    def work(self) -> str:
+        return f"{self.base}.work"
+
+    @property
+    def replies(self) -> str:
+        return f"{self.base}.replies"
+
+    @property
+    def decisions(self) -> str:
+        return f"{self.base}.decisions"
+
+    def all(self) -> list[str]:
+        return [self.inputs, self.out, self.work, self.replies, self.decisions]
+
+
+def _reply(rid: str, status: str) -> bytes:
+    return json.dumps({"request_id": rid, "status": status, "reason": "admitted"}).encode()
+
+
+def _decision(rid: str, outcome: str, d: dict[str, Any]) -> bytes:
+    return json.dumps({"request_id": rid, "outcome": outcome, "reason": "admitted",
+                       "tenant": d.get("tenant"), "model": d.get("model"),
+                       "prompt_tokens": d.get("prompt_tokens")}).encode()
+
+
+def _record(outbox: KafkaOutbox, key: bytes, value: bytes) -> bytes:
+    """What the admission app's table records hold: the request and the outputs it
+    caused that are not committed yet (outbox.pending_for)."""
+    pending = outbox.pending_for(key.decode())
+    return b"\n".join([value, *(v for _, _, v in pending)])
+
+
+def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
+                      datadir: str) -> faust.App:
+    """The ceiling app of `kind` on the topics under `base` (created by the bench)."""
+    use_kafka_security(config.kafka)
+    topics = CeilingTopics(base)
+    app_id = f"{base}.app"
+    outbox = start_outbox(config, app_id)
+    install_patches(rf"^{re.escape(base)}\.(in|work)$")
+    app = faust_app(config, app_id, datadir=datadir)
+    inputs = app.topic(topics.inputs, **RAW_TOPIC)
+    work = app.topic(topics.work, **RAW_TOPIC)
+    table = None if kind is CeilingKind.RELAY else raw_table(app, "records")
+    committer = Committer(app, outbox, Health(assigned=lambda: len(app.consumer.assignment())))
+    ready = [False]
+
+    @app.on_rebalance_complete.connect
+    async def _ready(sender: Any, /, *_args: Any, signal: Any, **_kw: Any) -> None:
+        committer.install()
+        ready[0] = True
+
+    @app.on_before_shutdown.connect
+    async def _stopping(sender: Any, /, *_args: Any, **_kw: Any) -> None:
+        outbox.stop()
+
+    @app.agent(inputs, concurrency=1)
+    async def requests(stream: Any) -> None:
+        async for event in stream.events():
+            key, value = event.key, event.value
+            d = json.loads(value)
+            rid = d["request_id"]
+            if kind is CeilingKind.SKELETON:
+                outbox.send_raw(topics.replies, key, _reply(rid, "accepted"))
+                outbox.send_raw(topics.decisions, key, _decision(rid, "accept", d))
+                outbox.send_raw(topics.work, key, value)
+            else:
+                outbox.send_raw(topics.out, key, _reply(rid, "accepted"))
+            if table is not None:
+                table[key] = _record(outbox, key, value)
+
+    if kind is CeilingKind.SKELETON:
+        assert table is not None
+
+        @app.agent(work, concurrency=1)
+        async def completions(stream: Any) -> None:
+            async for event in stream.events():
+                key, value = event.key, event.value
+                d = json.loads(value)
+                rid = d["request_id"]
+                outbox.send_raw(topics.out, key, _reply(rid, "completed"))
+                outbox.send_raw(topics.decisions, key, _decision(rid, "complete", d))
+                table[key] = _record(outbox, key, value)
+
+    @app.task
+    async def commit_outputs() -> None:
+        await commit_continuously(committer, outbox, lambda: ready[0])
+
+    return app

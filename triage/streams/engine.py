@@ -1,0 +1,101 @@
+"""The Faust engine as the admission app runs it: the app's settings, the process-wide
+fixes, and the transactional outbox. Factored out of app.py so that `triage bench
+pipeline`'s ceiling apps (triage/bench/ceiling_app.py) run on exactly the same engine
+as the admission app, and measure what it can do."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import faust
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+from triage.config.models import TriageConfig
+from triage.kafka.security import faust_credentials
+from triage.streams import faust_fixes
+from triage.streams.outbox import KafkaOutbox
+from triage.topics.admin import TopicSpec, ensure_topics
+from triage.topics.names import TopicKind
+
+FETCH_MAX_WAIT_MS = 20
+
+
+def _short_fetch_wait() -> None:
+    """faust-streaming hard-codes fetch_max_wait_ms=1500 on its consumer. aiokafka leaves
+    a partition that still has buffered records out of the next fetch, and that fetch then
+    waits up to the full 1.5 s for the *other* partitions: a request waited ~1 s for its
+    decision at 150 requests/s. A short wait costs a few more fetch requests when idle."""
+    cls: Any = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls, "_triage_short_fetch", False):
+        return
+    create = cls._create_worker_consumer
+
+    def _create(self: Any, transport: Any) -> Any:
+        consumer = create(self, transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its Fetcher at start()
+        return consumer
+
+    cls._create_worker_consumer = _create
+    cls._triage_short_fetch = True
+
+
+def install_patches(fresh_pattern: str) -> None:
+    """The process-wide Faust fixes every app of ours runs with (idempotent)."""
+    _short_fetch_wait()
+    faust_fixes.skip_commits_while_resubscribing()
+    faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
+
+
+def start_outbox(config: TriageConfig, app_id: str) -> KafkaOutbox:
+    """The app's transactional outbox (and its marks topic), started."""
+    k = config.kafka
+    marks = f"{app_id}.outbox"
+    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, 1,
+                                                  k.replication_factor)])
+    outbox = KafkaOutbox(k.bootstrap_servers, transactional_id=f"{app_id}.outbox",
+                         marks_topic=marks)
+    outbox.start()
+    return outbox
+
+
+def faust_app(config: TriageConfig, app_id: str, *, datadir: str) -> faust.App:
+    """A Faust app with the admission app's settings."""
+    k = config.kafka
+    return faust.App(
+        app_id,
+        broker=f"kafka://{k.bootstrap_servers}",
+        broker_credentials=faust_credentials(k.security),
+        # Static membership: a restarted app (same instance id) gets its partitions back
+        # at once instead of waiting out the dead member's session (docs/reliability.md).
+        consumer_group_instance_id=(f"{app_id}.instance" if config.admission.static_membership
+                                    else None),
+        broker_session_timeout=config.admission.session_timeout_s,
+        broker_heartbeat_interval=min(3.0, config.admission.session_timeout_s / 5),
+        store="rocksdb://",
+        datadir=datadir,
+        topic_partitions=1,
+        topic_replication_factor=k.replication_factor,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        producer_linger_ms=5,
+        web_enabled=False,
+        table_cleanup_interval=3600.0,
+    )
+
+
+
+
+# Topics and tables carry raw bytes: our codecs (topics/messages.py) do the encoding.
+RAW_TOPIC: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
+                             "value_serializer": "raw"}
+
+
+def raw_table(app: faust.App, name: str) -> Any:
+    """A table of raw bytes with one changelog partition, keyed by its own partitioner (so
+    that timers can write it too)."""
+    t: Any = app.Table(name, default=None, partitions=1, use_partitioner=True,
+                       key_type=bytes, value_type=bytes)
+    # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
+    t.key_serializer = "raw"
+    t.value_serializer = "raw"
+    return t
