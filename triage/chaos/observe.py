@@ -125,6 +125,7 @@ class Observer:
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._follow: list[str] = []
         self._c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-observer",
                                 log_level=QUIET)
         topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions,
@@ -145,12 +146,17 @@ class Observer:
 
     def follow(self, tenant: str) -> None:
         """Also read a tenant's replies (one added mid-run), from their beginning."""
-        self._c.incremental_assign([TopicPartition(self.names.replies(tenant), 0,
-                                                   OFFSET_BEGINNING)])
+        with self._lock:  # applied by the observer's own thread (the consumer's owner)
+            self._follow.append(tenant)
 
     def _run(self) -> None:
         completions, dead = self.names.completions, self.names.deadletter
         while not self._stop.is_set():
+            with self._lock:
+                follow, self._follow = self._follow, []
+            if follow:
+                self._c.incremental_assign([TopicPartition(self.names.replies(t), 0,
+                                                           OFFSET_BEGINNING) for t in follow])
             for msg in self._c.consume(num_messages=500, timeout=0.2):
                 if msg.error() is not None:
                     continue

@@ -72,7 +72,7 @@ def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Pa
         side = PoisonFlow(broker.bootstrap, names, obs, tag)
     elif sc is Scenario.CONFIG:
         side = ConfigFlow(broker.bootstrap, names, obs, system, tag=tag,
-                          live=plan.config_live, added=plan.config_added)
+                          live=plan.config_live, added=plan.config_added, say=say)
     d = plan.duration_s
     over_at = d / 3.0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from triage.chaos.observe import Observer
@@ -123,7 +124,9 @@ class ConfigFlow:
     get a terminal reply with a reason, the added one's must be served."""
 
     def __init__(self, bootstrap: str, names: TopicNames, obs: Observer, system: System,
-                 *, tag: str, live: int, added: int) -> None:
+                 *, tag: str, live: int, added: int,
+                 say: Callable[[str], None] = lambda _m: None) -> None:
+        self._say = say
         self._bootstrap = bootstrap
         self._p = make_producer(bootstrap, log_level=2)
         self._names = names
@@ -148,6 +151,7 @@ class ConfigFlow:
         self._p.flush(60)
 
     def _wait(self, cond: Any, timeout_s: float, what: str) -> bool:
+        self._say(f"  config: waiting for {what}")
         deadline = time.monotonic() + timeout_s
         while not cond():
             if time.monotonic() > deadline:
