@@ -98,6 +98,6 @@ def _groups(groups: dict[str, dict[str, int]]) -> str:
     lines = []
     for name, counts in groups.items():
         parts = [f"{k}={v}" for k, v in counts.items()
-                 if v or k not in ("unaccounted", "duplicates")]
+                 if v or k not in ("unaccounted", "duplicates", "not_delivered")]
         lines.append(f"{name}: {' '.join(parts)}")
     return "\n".join(lines) or "-"

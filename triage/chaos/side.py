@@ -136,6 +136,7 @@ class ConfigFlow:
         self._n_live, self._n_added = live, added
         self.ids: dict[str, list[str]] = {"removed-live": [], "removed-new": [], "added": []}
         self.notes: list[str] = []
+        self.edited_at: float | None = None
 
     def _send(self, group: str, tenant: str, n: int, tokens: int) -> None:
         for i in range(n):
@@ -172,6 +173,7 @@ class ConfigFlow:
                    "the removed tenant's first replies")
         kept = [t for t in self._system.cfg.model_dump(mode="json")["tenants"]
                 if t["name"] != REMOVED]
+        self.edited_at = time.time()
         self._system.edit_tenants([*kept, {"name": ADDED, **TENANT}])
         # the removal is in force once the live requests are answered
         self._wait(lambda: self._replied("removed-live", terminal=True), 60,
@@ -200,5 +202,11 @@ class ConfigFlow:
                 sent = len(rids)
             counts["unaccounted"] = max(sent, len(rids)) - good
             counts["duplicates"] = sum(1 for s in seen if s.terminals > 1)
+            if self.edited_at is not None and group != "removed-new":
+                # from the edit to the last removed request answered / first added one
+                ends = [s.terminal_at for s in seen if s.terminal_at is not None]
+                if ends:
+                    at = max(ends) if group == "removed-live" else min(ends)
+                    counts["after_edit_ms"] = int((at - self.edited_at) * 1000)
             out[group] = counts
         return out
