@@ -41,7 +41,7 @@ def test_no_request_is_lost_duplicated_or_run_twice(
     plan = ChaosPlan.reduced(scenarios=[scenario], port=chaos_broker.port,
                              secure_port=chaos_broker.port + 2)
     res = run_scenario(scenario, plan, chaos_broker, tmp_path, print)
-    assert res.ok, res.notes
+    assert res.ok, (res.notes, res.lost_ids, res.duplicate_ids)
     assert res.sent > 0 and res.faults >= 1
     assert res.not_delivered == 0
     assert res.lost == 0, res.lost_ids

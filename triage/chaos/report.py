@@ -35,6 +35,7 @@ class ScenarioResult:
     # `sent` and `unaccounted` (must be 0) and, where ids exist, `duplicates` (must be 0)
     groups: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)  # first 20 with terminal > 1
     notes: list[str] = field(default_factory=list)
 
     @property

@@ -227,7 +227,9 @@ def _count(res: ScenarioResult, obs: Observer, system: System) -> None:
     lost = [rid for rid, s in seen if s.terminal is None]
     res.lost = len(lost)
     res.lost_ids = lost[:20]
-    res.duplicate_terminals = sum(1 for _, s in seen if s.terminals > 1)
+    dups = [rid for rid, s in seen if s.terminals > 1]
+    res.duplicate_terminals = len(dups)
+    res.duplicate_ids = dups[:20]
     res.executed_twice = sum(1 for runs in obs.completed_runs.values() if len(runs) > 1)
     res.gpu_lost = obs.gpu_lost
     res.unexpected_exits = max(res.unexpected_exits, system.unexpected_exits)
