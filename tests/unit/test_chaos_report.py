@@ -18,6 +18,9 @@ def test_full_plan_is_the_issue_sizes_and_reduced_is_small() -> None:
     assert full.scenarios == ALL and full.kills == 5 and full.duration_s == 180.0
     assert full.broker_down_s == 60.0 and full.overload_factor == 10.0
     assert full.overload_s == 60.0 and full.port == 9392
+    assert {Scenario.POISON, Scenario.CONFIG, Scenario.FORGERY} <= set(full.scenarios)
+    assert full.secure_port not in (full.port, full.port + 1)
+    assert ChaosPlan.reduced().poison_rounds < full.poison_rounds
     small = ChaosPlan.reduced(scenarios=[Scenario.BROKER])
     assert small.scenarios == [Scenario.BROKER]
     assert small.duration_s < full.duration_s and small.broker_down_s < full.broker_down_s
@@ -33,6 +36,12 @@ def test_a_scenario_passes_only_with_nothing_lost_duplicated_run_twice_or_crashe
         assert not r.ok, b
     assert not ScenarioResult("sigterm", faults=1, sent=5).ok  # did not exit in time
     assert ScenarioResult("sigterm", faults=1, sent=5, sigterm_exit_s=20.0).ok
+    # a side group (poison entry, removed tenant's request, forgery) left unaccounted
+    # or answered twice fails its scenario
+    for g in ({"sent": 3, "unaccounted": 1}, {"sent": 3, "duplicates": 1}):
+        assert not ScenarioResult("poison", faults=1, sent=5, groups={"poison": g}).ok
+    assert ScenarioResult("poison", faults=1, sent=5,
+                          groups={"poison": {"sent": 3, "unaccounted": 0}}).ok
     report = ChaosReport([good, ScenarioResult("broker", sent=3, lost=1)])
     assert not report.ok
     data = json.loads(json.dumps(report.to_dict()))
@@ -40,6 +49,10 @@ def test_a_scenario_passes_only_with_nothing_lost_duplicated_run_twice_or_crashe
     console = Console(width=220, record=True)
     console.print(report.table())
     assert "app-kill" in console.export_text()
+    report.results.append(ScenarioResult("forgery", faults=8, sent=8, groups={
+        "forgery": {"sent": 8, "refused": 8, "unaccounted": 0}}))
+    console.print(report.table())
+    assert "forgery: sent=8 refused=8" in console.export_text()
 
 
 def test_p99() -> None:

@@ -348,3 +348,23 @@ def test_tenant_change_keeps_running_definitions_and_ignores_other_edits() -> No
     assert changed is not None
     assert changed.tenants_by_name["a"].weight == 1.0 and "c" in changed.tenants_by_name
     assert changed.all_gpus() == running.all_gpus()
+
+
+def test_removing_a_tenant_mid_run_sends_no_output_twice() -> None:
+    """The removal rebuilds the core from the tables, but the app is running: outputs of
+    batches not yet confirmed are still on their way, so nothing is staged again (found
+    by `triage chaos -s config`: 2 steady requests got a second terminal reply)."""
+    svc, out = _with_b_live()
+    _send(svc, _req("a1"), 1.1)
+    _complete_all(svc, out, 1.2)
+    assert _terminals(out, "a")["a1"] == 1
+    before = len(out.messages)
+    changed = tenant_change(svc.config, config(tenants=[tenant("a")], gpus=1,
+                                               kv_budget_gib=0.2))
+    assert changed is not None
+    svc.reconfigure(changed)
+    svc.on_tick(2.0)
+    assert _terminals(out, "a")["a1"] == 1
+    # what the tick sent is the removal's answers and cancel, not copies of earlier outputs
+    earlier = {v for _, _, v in out.messages[:before]}
+    assert not [v for _, _, v in out.messages[before:] if v in earlier]

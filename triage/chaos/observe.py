@@ -14,7 +14,13 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
-from triage.topics.messages import Completion, CompletionStatus, InferenceRequest, Reply
+from triage.topics.messages import (
+    Completion,
+    CompletionStatus,
+    DeadLetter,
+    InferenceRequest,
+    Reply,
+)
 from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
@@ -30,6 +36,7 @@ class Seen:
     tenant: str
     sent_at: float
     terminals: int = 0
+    replies: int = 0  # any reply (queued, accepted, terminal)
     terminal: str | None = None
     terminal_at: float | None = None
     reported_latency_s: float | None = None  # what the app's completed reply says
@@ -110,13 +117,19 @@ class Observer:
     gpu_lost: int = 0
     unknown: int = 0
     reply_times: list[float] = field(default_factory=list)  # the app's at_ms / 1000
+    # ids outside the steady traffic (poison, a removed or added tenant's): counted apart
+    side: dict[str, Seen] = field(default_factory=dict)
+    # (source topic, offset) -> error of each dead letter
+    dead: dict[tuple[str, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
         self._stop = threading.Event()
+        self._follow: list[str] = []
         self._c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-observer",
                                 log_level=QUIET)
-        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions]
+        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions,
+                                                                   self.names.deadletter]
         self._c.assign([TopicPartition(t, 0, OFFSET_BEGINNING) for t in topics])
         self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
 
@@ -127,16 +140,41 @@ class Observer:
         with self._lock:
             self.seen[rid] = Seen(tenant, at)
 
+    def expect_side(self, rid: str, tenant: str, at: float) -> None:
+        with self._lock:
+            self.side.setdefault(rid, Seen(tenant, at))
+
+    def follow(self, tenant: str) -> None:
+        """Also read a tenant's replies (one added mid-run), from their beginning."""
+        with self._lock:  # applied by the observer's own thread (the consumer's owner)
+            self._follow.append(tenant)
+
     def _run(self) -> None:
-        completions = self.names.completions
+        completions, dead = self.names.completions, self.names.deadletter
         while not self._stop.is_set():
+            with self._lock:
+                follow, self._follow = self._follow, []
+            if follow:
+                self._c.incremental_assign([TopicPartition(self.names.replies(t), 0,
+                                                           OFFSET_BEGINNING) for t in follow])
             for msg in self._c.consume(num_messages=500, timeout=0.2):
                 if msg.error() is not None:
                     continue
                 if msg.topic() == completions:
                     self._on_completion(msg.value() or b"")
+                elif msg.topic() == dead:
+                    self._on_dead(msg.value() or b"")
                 else:
                     self._on_reply(msg.value() or b"", time.time())
+
+    def _on_dead(self, value: bytes) -> None:
+        try:
+            d = DeadLetter.from_bytes(value)
+        except ValueError:
+            return
+        if d.offset is not None:
+            with self._lock:
+                self.dead[(d.source_topic, d.offset)] = d.error
 
     def _on_completion(self, value: bytes) -> None:
         try:
@@ -158,10 +196,11 @@ class Observer:
             self.reply_times.append(r.at_ms / 1000.0)
             if r.reason is not None and r.reason.value == "gpu_lost":
                 self.gpu_lost += 1
-            s = self.seen.get(r.request_id)
+            s = self.seen.get(r.request_id) or self.side.get(r.request_id)
             if s is None:
                 self.unknown += 1
                 return
+            s.replies += 1
             if r.status.terminal:
                 s.terminals += 1
                 if s.terminal is None:

@@ -19,10 +19,14 @@ class Scenario(StrEnum):
     BROKER = "broker"  # the broker stopped for `broker_down_s`, then started
     OVERLOAD = "overload"  # `overload_factor` x the rate for `overload_s`
     SIGTERM = "sigterm"  # SIGTERM while the broker is gone: must exit in 30 s
+    POISON = "poison"  # the poison corpus, `poison_rounds` times, amid the traffic
+    CONFIG = "config"  # a tenant removed from the config file and one hot-added
+    FORGERY = "forgery"  # issue 12's forgeries against a secured broker of its own
 
 
 ALL = [Scenario.APP_KILL, Scenario.DATADIR_WIPE, Scenario.WORKER_KILL, Scenario.BROKER,
-       Scenario.OVERLOAD, Scenario.SIGTERM]
+       Scenario.OVERLOAD, Scenario.SIGTERM, Scenario.POISON, Scenario.CONFIG,
+       Scenario.FORGERY]
 
 
 class ChaosPlan(BaseModel):
@@ -41,7 +45,11 @@ class ChaosPlan(BaseModel):
     drain_s: float = Field(120.0, gt=0, description="Give up waiting for the outstanding "
                            "answers after this long without a new one.")
     sigterm_limit_s: float = Field(30.0, gt=0)
+    poison_rounds: int = Field(5, ge=1, description="Times the whole poison corpus is sent.")
+    config_live: int = Field(8, ge=1, description="Live requests of the removed tenant.")
+    config_added: int = Field(60, ge=1, description="Requests of the hot-added tenant.")
     port: int = Field(9392, description="Port of the broker the run starts and stops.")
+    secure_port: int = Field(9394, description="Port of the secured broker (forgery).")
     output_tokens: int = Field(16, ge=1, description="Tokens each sim request generates.")
     app_loglevel: str = Field("warn", description="--loglevel of the admission app.")
     static_membership: bool = Field(True, description="admission.static_membership of the app.")
@@ -54,7 +62,7 @@ class ChaosPlan(BaseModel):
         base: dict[str, object] = {
             "rate": 15.0, "duration_s": 36.0, "kills": 2, "worker_kills": 1,
             "broker_down_s": 15.0, "overload_factor": 10.0, "overload_s": 8.0,
-            "drain_s": 90.0,
+            "drain_s": 90.0, "poison_rounds": 2, "config_live": 4, "config_added": 20,
         }
         base.update(overrides)
         return cls.model_validate(base)

@@ -30,14 +30,21 @@ class ScenarioResult:
     peak_rss_mb: float = 0.0
     client_p99_s: float | None = None  # sent -> terminal reply read
     reported_p99_s: float | None = None  # latency_ms in completed replies
+    max_decision_gap_s: float | None = None  # poison: longest pause while it flowed
+    # side groups (poison, removed/added tenant, forgeries): name -> counts, each with
+    # `sent` and `unaccounted` (must be 0) and, where ids exist, `duplicates` (must be 0)
+    groups: dict[str, dict[str, int]] = field(default_factory=dict)
     lost_ids: list[str] = field(default_factory=list)
+    duplicate_ids: list[str] = field(default_factory=list)  # first 20 with terminal > 1
     notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return (self.lost == 0 and self.duplicate_terminals == 0 and self.executed_twice == 0
                 and self.unexpected_exits == 0 and self.sent > 0
-                and (self.sigterm_exit_s is not None or self.scenario != "sigterm"))
+                and (self.sigterm_exit_s is not None or self.scenario != "sigterm")
+                and all(g.get("unaccounted", 0) == 0 and g.get("duplicates", 0) == 0
+                        for g in self.groups.values()))
 
 
 @dataclass
@@ -55,7 +62,8 @@ class ChaosReport:
         t = Table(title="triage chaos")
         for col in ("scenario", "faults", "sent", "answered", "lost", "terminal>1",
                     "exec twice", "app exits", "gpu_lost", "recovery s (max)",
-                    "1st decision s (max)", "peak MB", "p99 client/app s", "ok"):
+                    "1st decision s (max)", "peak MB", "p99 client/app s", "max gap s",
+                    "side groups", "ok"):
             t.add_column(col, justify="left" if col == "scenario" else "right")
         for r in self.results:
             t.add_row(
@@ -63,7 +71,8 @@ class ChaosReport:
                 str(r.duplicate_terminals), str(r.executed_twice), str(r.unexpected_exits),
                 str(r.gpu_lost), _fmt_max(r.recovery_s), _fmt_max(r.first_decision_s),
                 f"{r.peak_rss_mb:.0f}",
-                f"{_f(r.client_p99_s)}/{_f(r.reported_p99_s)}",
+                f"{_f(r.client_p99_s)}/{_f(r.reported_p99_s)}", _f(r.max_decision_gap_s),
+                _groups(r.groups),
                 "yes" if r.ok else "[bold red]NO[/]",
             )
         return t
@@ -83,3 +92,13 @@ def _fmt_max(xs: list[float]) -> str:
 
 def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.1f}"
+
+
+def _groups(groups: dict[str, dict[str, int]]) -> str:
+    """`name: k=v ...` per group, one line each (`sent` first, zeros of checks left out)."""
+    lines = []
+    for name, counts in groups.items():
+        parts = [f"{k}={v}" for k, v in counts.items()
+                 if v or k not in ("unaccounted", "duplicates", "not_delivered")]
+        lines.append(f"{name}: {' '.join(parts)}")
+    return "\n".join(lines) or "-"

@@ -18,6 +18,7 @@ from pathlib import Path
 from triage.chaos.observe import Observer, Sender
 from triage.chaos.plan import ChaosPlan, Scenario
 from triage.chaos.report import ChaosReport, ScenarioResult, p99
+from triage.chaos.side import REMOVED, ConfigFlow, PoisonFlow, config_tenants
 from triage.chaos.system import TENANTS, System, chaos_config
 from triage.kafka.local import LocalBroker
 from triage.topics.names import TopicNames
@@ -49,17 +50,29 @@ def run(plan: ChaosPlan, out_dir: Path, progress: Progress | None = None) -> Cha
 
 def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Path,
                  say: Progress) -> ScenarioResult:
+    if sc is Scenario.FORGERY:  # its own secured broker, no traffic
+        from triage.chaos.forgery import run_forgery
+
+        return run_forgery(plan, say)
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
     names = TopicNames(f"chaos{tag}")
+    extra = config_tenants() if sc is Scenario.CONFIG else []
     cfg = chaos_config(broker.bootstrap, names, run_dir, {
-        "static_membership": plan.static_membership, "session_timeout_s": plan.session_timeout_s})
+        "static_membership": plan.static_membership, "session_timeout_s": plan.session_timeout_s},
+        extra)
     system = System(cfg, run_dir, broker, plan.app_loglevel)
     res = ScenarioResult(scenario=sc.value)
     system.start_admission()
     system.start_workers()
-    obs = Observer(broker.bootstrap, names, list(TENANTS))
+    obs = Observer(broker.bootstrap, names, [*TENANTS, *(t["name"] for t in extra)])
     obs.start()
+    side: PoisonFlow | ConfigFlow | None = None
+    if sc is Scenario.POISON:
+        side = PoisonFlow(broker.bootstrap, names, obs, tag)
+    elif sc is Scenario.CONFIG:
+        side = ConfigFlow(broker.bootstrap, names, obs, system, tag=tag,
+                          live=plan.config_live, added=plan.config_added, say=say)
     d = plan.duration_s
     over_at = d / 3.0
 
@@ -72,7 +85,8 @@ def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Pa
     sender = Sender(broker.bootstrap, names, list(TENANTS), obs, rate=rate,
                     duration_s=duration, tag=tag, output_tokens=plan.output_tokens)
     n = {Scenario.APP_KILL: plan.kills, Scenario.DATADIR_WIPE: plan.kills,
-         Scenario.WORKER_KILL: plan.worker_kills}.get(sc, 1)
+         Scenario.WORKER_KILL: plan.worker_kills, Scenario.POISON: plan.poison_rounds,
+         }.get(sc, 1)
     fault_at = [duration * (i + 1) / (n + 1) for i in range(n)]
     t0 = time.time()
     sender.start()
@@ -82,7 +96,10 @@ def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Pa
             if fault_at and time.time() - t0 >= fault_at[0]:
                 fault_at.pop(0)
                 res.faults += 1
-                _inject(sc, system, plan, res, obs, say, res.faults)
+                if side is not None:
+                    _inject_side(side, say, res.faults)
+                else:
+                    _inject(sc, system, plan, res, obs, say, res.faults)
             time.sleep(0.1)
         sender.join()
         res.sent, res.not_delivered = sender.sent, sender.failed
@@ -95,9 +112,36 @@ def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Pa
         obs.stop()
         system.stop()
     _count(res, obs, system)
+    if side is not None:
+        res.groups = side.count()
+        if isinstance(side, PoisonFlow):
+            res.max_decision_gap_s = side.max_gap_s()
+        else:
+            res.notes += side.notes
+        res.notes += _log_errors(system)
     say(f"  {res.answered}/{res.sent} answered, {res.lost} lost, "
         f"{res.duplicate_terminals} terminal>1, {res.executed_twice} executed twice")
     return res
+
+
+def _inject_side(side: PoisonFlow | ConfigFlow, say: Progress, i: int) -> None:
+    if isinstance(side, PoisonFlow):
+        n = side.inject()
+        say(f"  poison round #{i}: {n} entries sent")
+    else:
+        side.inject()
+        say(f"  config: {REMOVED} removed, a tenant hot-added; "
+            + ", ".join(f"{k} {len(v)} sent" for k, v in side.ids.items()))
+
+
+def _log_errors(system: System) -> list[str]:
+    """Tracebacks in the app's log (a handler that let an exception through)."""
+    try:
+        text = system.admission.log_path.read_text(errors="replace")
+    except OSError:
+        return []
+    n = text.count("Traceback")
+    return [f"{n} tracebacks in the app's log"] if n else []
 
 
 def _drain(system: System, res: ScenarioResult, obs: Observer, idle_s: float) -> None:
@@ -183,7 +227,9 @@ def _count(res: ScenarioResult, obs: Observer, system: System) -> None:
     lost = [rid for rid, s in seen if s.terminal is None]
     res.lost = len(lost)
     res.lost_ids = lost[:20]
-    res.duplicate_terminals = sum(1 for _, s in seen if s.terminals > 1)
+    dups = [rid for rid, s in seen if s.terminals > 1]
+    res.duplicate_terminals = len(dups)
+    res.duplicate_ids = dups[:20]
     res.executed_twice = sum(1 for runs in obs.completed_runs.values() if len(runs) > 1)
     res.gpu_lost = obs.gpu_lost
     res.unexpected_exits = max(res.unexpected_exits, system.unexpected_exits)

@@ -52,13 +52,17 @@ def free_run(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
+TENANT: dict[str, Any] = {"rate_tokens_per_s": 1e9, "burst_tokens": 1e9, "queue_max": 20_000,
+                          "max_queue_wait_ms": 600_000, "sla_ms": 900_000}
+
+
 def chaos_config(bootstrap: str, names: TopicNames, run_dir: Path,
-                 admission: dict[str, Any] | None = None) -> TriageConfig:
-    """Two tenants with room to spare, a pool of two quick simulated GPUs."""
-    tenant: dict[str, Any] = {"rate_tokens_per_s": 1e9, "burst_tokens": 1e9, "queue_max": 20_000,
-                              "max_queue_wait_ms": 600_000, "sla_ms": 900_000}
+                 admission: dict[str, Any] | None = None,
+                 extra_tenants: list[dict[str, Any]] | None = None) -> TriageConfig:
+    """Two tenants with room to spare (and `extra_tenants`, whole tenant entries), a pool
+    of two quick simulated GPUs."""
     data: dict[str, Any] = {
-        "tenants": [{"name": t, **tenant} for t in TENANTS],
+        "tenants": [{"name": t, **TENANT} for t in TENANTS] + list(extra_tenants or []),
         "models": [{
             "name": "small", "pool": "p", "layers": 32, "kv_heads": 8, "head_dim": 128,
             "dtype": "bf16", "context_tokens": 8192, "prefill_s_per_token": 1e-5,
@@ -156,6 +160,14 @@ class System:
         _kill9(self.admission)
         if wipe_datadir:
             shutil.rmtree(self.cfg.admission.datadir, ignore_errors=True)
+
+    def edit_tenants(self, tenants: list[dict[str, Any]]) -> None:
+        """Rewrite the config file's tenants (the app's reload timer picks it up)."""
+        data = yaml.safe_load(self.cfg_path.read_text())
+        data["tenants"] = tenants
+        tmp = self.cfg_path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(data))
+        tmp.replace(self.cfg_path)  # never a half-written file
 
     def kill_worker(self, gpu: str) -> None:
         _kill9(self.workers[gpu])

@@ -1,5 +1,6 @@
-"""`triage chaos`: the fault suite (kill -9, broker outage, overload, SIGTERM) on a broker
-of its own, with a table of what was sent, answered, lost and duplicated."""
+"""`triage chaos`: the fault suite (kill -9, broker outage, overload, SIGTERM, poison
+input, config changes, forgeries) on brokers of its own, with a table of what was sent,
+answered, lost and duplicated."""
 
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ def chaos(
     app_loglevel: str = typer.Option(None, help="--loglevel of the admission app (warn)."),
     port: int = typer.Option(9392, help="Port of the broker the suite starts and stops "
                              "(never a broker someone else uses)."),
+    secure_port: int = typer.Option(9394, help="Port of the secured broker the forgery "
+                                    "scenario starts (controller on the next one)."),
+    poison_rounds: int = typer.Option(None, help="Times the poison corpus is sent (full: 5)."),
     out: Path = typer.Option(Path("chaos-out"), help="Logs and the JSON report go here."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -41,10 +45,12 @@ def chaos(
 
     Starts its own Kafka on --port, then per scenario: the admission app and two sim
     workers, tenants' requests at a steady rate, faults at evenly spaced times, and a
-    drain until every request has its terminal reply. Loopback only, bounded in time."""
+    drain until every request has its terminal reply. The forgery scenario starts a
+    secured broker on --secure-port. Loopback only, bounded in time."""
     overrides = {k: v for k, v in {
         "scenarios": scenario or list(ALL), "rate": rate, "duration_s": duration,
         "kills": kills, "broker_down_s": broker_down, "overload_s": overload_s, "port": port,
+        "secure_port": secure_port, "poison_rounds": poison_rounds,
         "static_membership": static_membership, "session_timeout_s": session_timeout,
         "app_loglevel": app_loglevel,
     }.items() if v is not None}

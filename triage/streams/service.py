@@ -97,8 +97,10 @@ class AdmissionService:
         self._failures = FailureLog(self.metrics)
 
     # --- recovery -------------------------------------------------------------------
-    def restore(self, now: float) -> dict[str, int]:
-        """Rebuild the core and the in-memory indexes from the tables (after recovery)."""
+    def restore(self, now: float, *, replay: bool = True) -> dict[str, int]:
+        """Rebuild the core and the in-memory indexes from the tables (after recovery).
+        `replay=False` while running (a tenant removed): unconfirmed outputs are still
+        on their way in the outbox's own batches, so they are not staged again."""
         self.core = AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats)
         self._side.clear()
         self._done.clear()
@@ -115,10 +117,10 @@ class AdmissionService:
         for _rid, env in envelopes:
             highest = max(highest, env.tenant_bucket.stamp[0] if env.tenant_bucket else 0,
                           *(seq for seq, _, _ in env.outputs))
-        # batches are numbered above anything stored; uncommitted outputs go out again
-        self.outbox.resume_after(self.outbox.confirmed, highest)
-        for rid, env in envelopes:
-            counts["replayed"] += self.outbox.replay(rid, env.outputs)
+        if replay:  # batches are numbered above anything stored; uncommitted outputs again
+            self.outbox.resume_after(self.outbox.confirmed, highest)
+            for rid, env in envelopes:
+                counts["replayed"] += self.outbox.replay(rid, env.outputs)
         for _rid, env in envelopes:
             rec = LiveRequest.from_bytes(env.record)
             b = env.tenant_bucket
@@ -182,7 +184,7 @@ class AdmissionService:
         if removed:
             self._flush_buckets()
             self.store.put_learned(LEARNED_KEY, self.core.predictor.snapshot())
-            self.restore(now)
+            self.restore(now, replay=False)
         else:
             for t in added:
                 self.add_tenant(t)
