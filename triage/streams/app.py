@@ -45,6 +45,7 @@ from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
+from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
 from triage.streams.store import BUCKETS, LEARNED, REQUESTS, MappingStore
 from triage.topics.admin import TopicSpec, create_topics, ensure_topics, topic_layout
@@ -54,6 +55,13 @@ from triage.topics.names import TopicKind, TopicNames
 log = logging.getLogger(__name__)
 
 DISCOVERY_S = 3.0
+# Heartbeats and completions must not wait behind a request flood (docs/architecture.md,
+# "Priority under a request flood"): the request agent's queue is short, so Faust stops
+# fetching request partitions while it is nearly full, and each fetch hands over a
+# bounded number of records, so the conductor never has thousands of requests to push
+# through before it reaches a heartbeat.
+REQUEST_BUFFER = 64
+MAX_POLL_RECORDS = 200
 CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch adds)
 
 
@@ -120,6 +128,7 @@ def build_app(
     _short_fetch_wait()
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(names.requests_pattern)
+    serve_control_partitions_first(names.requests_pattern)
 
     app = faust.App(
         app_id,
@@ -137,6 +146,7 @@ def build_app(
         topic_replication_factor=k.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        broker_max_poll_records=MAX_POLL_RECORDS,
         producer_linger_ms=5,
         web_enabled=False,
         table_cleanup_interval=3600.0,
@@ -149,7 +159,7 @@ def build_app(
                      | set(_request_topics_on_broker(config, names)))
     raw: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serializer": "raw",
                            "value_serializer": "raw"}
-    request_topic = app.topic(*initial, **raw)
+    request_topic = app.topic(*initial, maxsize=REQUEST_BUFFER, **raw)
     completions_topic = app.topic(names.completions, **raw)
     status_topic = app.topic(names.gpu_status, **raw)
     ticks_topic = app.topic(names.admission, **raw)
