@@ -7,8 +7,8 @@ request partition's batch can hold thousands of records (a producer batch is fet
 whole), and while it lasts, the partitions behind it get nothing: a heartbeat produced
 during a flood waited behind ~15,000 requests. So each fetch first takes what the
 control partitions (everything that is not a tenant's request topic) have buffered, then
-fills the rest of its budget from the request partitions. Requests then wait only for
-the bounded batches ahead of them (REQUEST_BUFFER and MAX_POLL_RECORDS in app.py).
+fills the rest of its budget from the request partitions. A control message then waits
+only for the bounded batch ahead of it (MAX_POLL_RECORDS in app.py).
 """
 
 from __future__ import annotations
