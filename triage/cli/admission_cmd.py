@@ -31,6 +31,11 @@ class LogLevel(StrEnum):
     INFO = "info"
     DEBUG = "debug"
 
+    @property
+    def number(self) -> int:
+        return {"crit": logging.CRITICAL, "error": logging.ERROR, "warn": logging.WARNING,
+                "info": logging.INFO, "debug": logging.DEBUG}[self.value]
+
 
 log = logging.getLogger(__name__)
 STOP_GRACE_S = 20.0  # SIGTERM must stop the app within 30 s, whatever state it is in
@@ -81,7 +86,7 @@ def admission(
 
     from triage.streams.app import build_app
 
-    logging.getLogger("faust").setLevel(logging.WARNING)
+    quiet_library_loggers(loglevel.number)
     # The app re-reads the file for added tenants only; a -b override stays in force.
     try:
         built = build_app(cfg, config_path=config, datadir=str(data), metrics_port=metrics_port)
@@ -91,12 +96,30 @@ def admission(
         raise fail(f"cannot start the admission app: {exc}", ExitCode.FAILED) from None
 
     class Worker(faust.Worker):
+        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
+            super().on_setup_root_logger(logger, level)
+            logger.setLevel(level or logging.INFO)  # mode leaves the root at DEBUG
+            quiet_library_loggers(level)
+
         def _schedule_shutdown(self, signal: Any) -> None:
             _exit_after(STOP_GRACE_S)
             super()._schedule_shutdown(signal)
 
     worker = Worker(built.app, loglevel=loglevel.value, quiet=True)
     worker.execute_from_commandline()
+
+
+LIBRARY_LOGGERS = ("aiokafka", "faust", "mode", "kafka")
+
+
+def quiet_library_loggers(level: int) -> None:
+    """aiokafka, Faust and mode log at WARNING unless the app runs at debug level.
+    mode's worker leaves the root logger at DEBUG, and then aiokafka builds a debug
+    record for every message it produces or fetches: ~4-6% of the app's CPU under load
+    (docs/architecture.md, "The admission app's per-request cost")."""
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level if level == logging.DEBUG
+                                         else max(level or logging.INFO, logging.WARNING))
 
 
 def _exit_after(grace_s: float) -> None:

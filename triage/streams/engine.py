@@ -58,8 +58,11 @@ def start_outbox(config: TriageConfig, app_id: str) -> KafkaOutbox:
     return outbox
 
 
-def faust_app(config: TriageConfig, app_id: str, *, datadir: str) -> faust.App:
-    """A Faust app with the admission app's settings."""
+def faust_app(
+    config: TriageConfig, app_id: str, *, datadir: str, max_poll_records: int | None = None
+) -> faust.App:
+    """A Faust app with the admission app's settings (`max_poll_records`: records one
+    fetch hands over; None: Faust's default)."""
     k = config.kafka
     return faust.App(
         app_id,
@@ -77,6 +80,7 @@ def faust_app(config: TriageConfig, app_id: str, *, datadir: str) -> faust.App:
         topic_replication_factor=k.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
+        broker_max_poll_records=max_poll_records,
         producer_linger_ms=5,
         web_enabled=False,
         table_cleanup_interval=3600.0,

@@ -1,0 +1,30 @@
+#!/bin/bash
+# usage: ops/profile/measure.sh LABEL [burst]: triage bench pipeline on 127.0.0.1:9092 with
+# py-spy recording the admission process and its CPU time after ready (OUT_DIR/LABEL)
+cd "$(git rev-parse --show-toplevel)"
+L=$1; B=${2:-20000}; O=${OUT_DIR:-/tmp/triage-profile}/$L; mkdir -p $O
+.venv/bin/triage bench pipeline --json --bootstrap 127.0.0.1:9092 --latency-rate 150 \
+  --latency-requests 1500 --burst-requests $B > $O/bench.json 2> $O/bench.err &
+BP=$!
+PID=""
+for i in $(seq 1 600); do
+  PID=$(pgrep -f "admission --config reports/bench-pipeline" | head -1); [ -n "$PID" ] && break; sleep 0.2
+done
+echo "admission pid $PID" > $O/cpu.txt
+until curl -s 127.0.0.1:19408/metrics | grep -q "triage_admission_ready 1.0"; do sleep 0.3; kill -0 $PID 2>/dev/null || break; done
+T0=$(awk '{print $14+$15}' /proc/$PID/stat); echo "ready_cpu_ticks $T0" >> $O/cpu.txt
+.venv/bin/py-spy record --nonblocking -r 100 -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
+SP=$!
+LAST=$T0
+while kill -0 $PID 2>/dev/null; do LAST=$(awk '{print $14+$15}' /proc/$PID/stat 2>/dev/null || echo $LAST); sleep 0.2; done
+echo "end_cpu_ticks $LAST" >> $O/cpu.txt
+wait $BP; wait $SP
+cat $O/bench.json; cat $O/cpu.txt
+python3 - "$O" <<'PY'
+import json,sys
+o=sys.argv[1]; b=json.load(open(o+"/bench.json"))
+c=dict(l.split()[0:2] for l in open(o+"/cpu.txt") if l.startswith(("ready","end")))
+cpu=(int(c["end_cpu_ticks"])-int(c["ready_cpu_ticks"]))/100
+n=b["burst_requests"]+b["latency_requests"]
+print(f"admission CPU after ready: {cpu:.1f} s for {n} requests = {cpu/n*1e6:.0f} us/request")
+PY

@@ -1,0 +1,50 @@
+"""Heartbeats, completions and ticks before requests: a request flood must not starve them
+(issue 12, item 7; docs/architecture.md, "Priority under a request flood").
+
+One consumer feeds every agent. aiokafka keeps one fetched batch per partition and hands
+records out in the order the batches arrived, up to `max_poll_records` per call; a
+request partition's batch can hold thousands of records (a producer batch is fetched
+whole), and while it lasts, the partitions behind it get nothing: a heartbeat produced
+during a flood waited behind ~15,000 requests. So each fetch first takes what the
+control partitions (everything that is not a tenant's request topic) have buffered, then
+fills the rest of its budget from the request partitions. A control message then waits
+only for the bounded batch ahead of it (MAX_POLL_RECORDS in app.py).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from faust.transport.drivers import aiokafka as faust_aiokafka
+
+
+def serve_control_partitions_first(request_pattern: str) -> None:
+    """Patch Faust's aiokafka consumer thread (once per process, idempotent)."""
+    cls: Any = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls, "_triage_priority", False):
+        return
+    fetch = cls._fetch_records
+    requests = re.compile(request_pattern)
+
+    async def _fetch_records(self: Any, consumer: Any, active_partitions: Any,
+                             timeout: float | None = None,
+                             max_records: int | None = None) -> Any:
+        if active_partitions:
+            control = {tp for tp in active_partitions if not requests.match(tp.topic)}
+            if control and len(control) < len(active_partitions):
+                records = await fetch(self, consumer, control, timeout=0,
+                                      max_records=max_records)
+                if records:
+                    taken = sum(len(r) for r in records.values())
+                    left = None if max_records is None else max_records - taken
+                    if left is None or left > 0:
+                        rest = set(active_partitions) - control
+                        records.update(await fetch(self, consumer, rest, timeout=0,
+                                                   max_records=left))
+                    return records
+        return await fetch(self, consumer, active_partitions, timeout=timeout,
+                           max_records=max_records)
+
+    cls._fetch_records = _fetch_records
+    cls._triage_priority = True
