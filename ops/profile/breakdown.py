@@ -7,7 +7,8 @@ RULES = [
     ("outbox commit (librdkafka transaction, thread)", ("outbox.py:2", "KafkaOutbox.publish",)),
     ("table writes + changelog", ("faust/tables/", "faust/stores/", "rocksdict", "_send_changelog",
                                   "aiokafka/producer")),
-    ("JSON/pydantic in our handlers", ("orjson", "(json/", "pydantic", "model_dump", "model_validate")),
+    ("JSON/pydantic in our handlers",
+     ("orjson", "(json/", "pydantic", "model_dump", "model_validate")),
     ("our agents (handlers, core)", ("(triage/streams/", "(triage/admission", "(triage/topics")),
     ("aiokafka fetch/consume", ("aiokafka/",)),
     ("Faust/mode per-event machinery", ("faust/", "mode/")),
@@ -26,12 +27,13 @@ def classify(stack: str) -> str:
 def main(path: str) -> None:
     c = Counter()
     total = 0
-    for line in open(path):
-        stack, _, n = line.rstrip().rpartition(" ")
-        if not n.isdigit():
-            continue
-        c[classify(stack)] += int(n)
-        total += int(n)
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            if not n.isdigit():
+                continue
+            c[classify(stack)] += int(n)
+            total += int(n)
     print(f"{path}: {total} samples")
     for name, n in c.most_common():
         print(f"  {100*n/total:5.1f}%  {name}")
