@@ -3,6 +3,7 @@ child processes on the real broker, with their own topics, datadir and ports."""
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,10 +13,15 @@ import yaml
 
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, scrape, wait_for_metric
-from triage.ports import free_port
-from triage.ports import free_run as _free_run
 from triage.topics.admin import create_topics
 from triage.topics.names import TopicNames
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
 
 # The full policy with work conservation off: for tests of the quota's own mechanics
 # (with it on, an idle pool serves over-quota requests as overage instead of refusing).
@@ -48,6 +54,23 @@ def fast_config(
     (tmp / "triage.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     create_topics(bootstrap, names, cfg)
     return cfg
+
+
+def _free_run(n: int) -> int:
+    """A port p with p+1 ... p+n-1 free too (workers listen on consecutive ports)."""
+    for _ in range(100):
+        base = free_port()
+        ok = True
+        for i in range(1, n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", base + i))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no run of free ports")
 
 
 class System:

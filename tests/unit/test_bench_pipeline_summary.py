@@ -12,12 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from triage.bench.children import Fleet, cpu_seconds
+from triage.bench.children import Fleet, cpu_seconds, free_run
 from triage.bench.pipeline import bench_config, instances_problem, summarize
 from triage.cli.common import ExitCode
 from triage.cli.main import app
 from triage.demo.processes import ChildProcess
-from triage.ports import free_run
 
 runner = CliRunner()
 
