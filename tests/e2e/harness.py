@@ -3,7 +3,6 @@ child processes on the real broker, with their own topics, datadir and ports."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,15 +12,9 @@ import yaml
 
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, scrape, wait_for_metric
+from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics
 from triage.topics.names import TopicNames
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 # The full policy with work conservation off: for tests of the quota's own mechanics
 # (with it on, an idle pool serves over-quota requests as overage instead of refusing).
@@ -46,7 +39,7 @@ def fast_config(
                    "kv_budget_gib": kv_budget_gib, "queue_max": 1000}],
         "policy": policy or {"preset": "full"},
         "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix},
-        "metrics": {"admission_port": free_port(), "worker_port_base": _free_run(gpus)},
+        "metrics": {"admission_port": free_port(), "worker_port_base": free_run(gpus)},
         "admission": {"datadir": str(tmp / "admission-data")},
         "worker": {"heartbeat_s": 0.5, **(worker or {})},
     }
@@ -54,23 +47,6 @@ def fast_config(
     (tmp / "triage.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     create_topics(bootstrap, names, cfg)
     return cfg
-
-
-def _free_run(n: int) -> int:
-    """A port p with p+1 ... p+n-1 free too (workers listen on consecutive ports)."""
-    for _ in range(100):
-        base = free_port()
-        ok = True
-        for i in range(1, n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 class System:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from harness import _free_run, free_port, running
+from harness import running
 
 from triage.config import load_config
+from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics, delete_topics
 from triage.topics.names import TopicNames
 
@@ -41,7 +42,7 @@ def test_every_example_runs(
     base = load_config()  # the shipped example, as the page says
     data = base.model_dump(mode="json")
     data["kafka"].update(bootstrap_servers=kafka_bootstrap, topic_prefix=names.prefix)
-    data["metrics"].update(admission_port=free_port(), worker_port_base=_free_run(2))
+    data["metrics"].update(admission_port=free_port(), worker_port_base=free_run(2))
     data["admission"]["datadir"] = str(tmp_path / "admission-data")
     data["worker"].update(sim_time_scale=0.1, heartbeat_s=0.5)  # quick in wall time
     (tmp_path / "triage.yaml").write_text(yaml.safe_dump(data))

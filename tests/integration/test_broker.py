@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import time
 import uuid
 from pathlib import Path
@@ -18,6 +17,7 @@ from triage.cli.main import app
 from triage.config import EXAMPLE_CONFIG, TriageConfig
 from triage.kafka.clients import make_admin, make_consumer, make_producer
 from triage.kafka.local import KAFKA_VERSION, ForeignBrokerError, LocalBroker
+from triage.ports import free_run
 from triage.topics.admin import create_topics, describe_topics, topic_layout
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicKind, TopicNames
@@ -217,28 +217,13 @@ def test_confluent_round_trip_of_an_inference_request(
     assert committed[0].offset == len(sent)
 
 
-def _free_port_pair() -> int:
-    """A port p with p+1 also free (the controller takes port + 1)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        try:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", port + 1))
-        except OSError:
-            continue
-        return port
-    raise RuntimeError("no free port pair")
-
-
 @pytest.mark.broker
 @pytest.mark.timeout(300)
 def test_local_broker_lifecycle_is_idempotent(tmp_path: Path) -> None:
     data_dir = tmp_path / "kafka"
     data_dir.mkdir()
     (data_dir / "broker.pid").write_text("999999\n")  # stale: no such broker
-    broker = LocalBroker(port=_free_port_pair(), data_dir=data_dir)
+    broker = LocalBroker(port=free_run(2), data_dir=data_dir)
     try:
         first = broker.start()
         assert first.started and first.formatted

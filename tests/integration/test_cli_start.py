@@ -9,10 +9,10 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from tests.e2e.harness import free_port
 from triage.cli.main import app
 from triage.config import EXAMPLE_CONFIG
 from triage.demo.processes import ChildProcess, wait_for_metric
+from triage.ports import free_port
 from triage.topics.names import TopicNames
 
 

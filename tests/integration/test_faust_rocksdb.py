@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from aiokafka import codec
 from confluent_kafka import Consumer, TopicPartition
 
 from triage.kafka.clients import PRODUCER_DEFAULTS, make_admin, make_consumer, make_producer
+from triage.ports import free_port
 from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.names import TopicKind, TopicNames
 
@@ -34,12 +34,6 @@ PARTITIONS = 2
 DUMP_KEY = "__dump__"
 STOP_TIMEOUT_S = 60
 REPLY_TIMEOUT_S = 90
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FaustWorker:
@@ -111,7 +105,7 @@ class Harness:
             "FAUST_TEST_INPUT": self.input,
             "FAUST_TEST_OUTPUT": self.output,
             "FAUST_TEST_DATADIR": str(self.datadir),
-            "FAUST_TEST_WEB_PORT": str(_free_port()),
+            "FAUST_TEST_WEB_PORT": str(free_port()),
             "FAUST_TEST_PARTITIONS": str(PARTITIONS),
         }
         self.tmp = tmp

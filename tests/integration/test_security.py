@@ -13,7 +13,6 @@ from __future__ import annotations
 import gc
 import os
 import shutil
-import socket
 import subprocess
 import time
 import uuid
@@ -39,9 +38,15 @@ from triage.client.errors import ReplyTopicError
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.acls import APP, WORKER, tenant_user
-from triage.kafka.clients import make_admin, make_consumer, make_producer
+from triage.kafka.clients import (
+    make_admin,
+    make_consumer,
+    make_producer,
+    wait_for_group_coordinator,
+)
 from triage.kafka.local import LocalBroker, LocalBrokerError, port_open
 from triage.kafka.security import register_settings
+from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
@@ -65,37 +70,13 @@ def secure_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBro
         pytest.fail(f"cannot start the secured broker: {exc}")
     # This test process is the operator: topic creation in it speaks as admin.
     register_settings(broker.bootstrap, broker.client_settings())
-    _wait_for_group_coordinator(broker.bootstrap)
+    wait_for_group_coordinator(broker.bootstrap)
     try:
         yield broker
     finally:
         register_settings(broker.bootstrap, {})
         gc.collect()  # tests' clients go before their broker (no reconnect noise)
         broker.stop()
-
-
-def _wait_for_group_coordinator(bootstrap: str) -> None:
-    """A fresh broker creates __consumer_offsets on the first group request and answers
-    NOT_COORDINATOR meanwhile, which a consumer's first offset fetch does not retry."""
-    c = make_consumer(bootstrap, "warm-up", log_level=0)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                c.committed([TopicPartition("warm-up", 0)], timeout=5)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        c.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(bootstrap: str, names: TopicNames, tmp: Path) -> TriageConfig:
@@ -108,7 +89,7 @@ def _config(bootstrap: str, names: TopicNames, tmp: Path) -> TriageConfig:
         "gpu_types": [{"name": "H200", "memory_gib": 141}],
         "pools": [{"name": "p", "gpu_type": "H200", "gpus": ["g0"], "kv_budget_gib": 40}],
         "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix},
-        "metrics": {"admission_port": _free_port(), "worker_port_base": _free_port()},
+        "metrics": {"admission_port": free_port(), "worker_port_base": free_run(4)},
         "admission": {"datadir": str(tmp / "admission-data")},
         "worker": {"heartbeat_s": 0.5},
     })  # fmt: skip

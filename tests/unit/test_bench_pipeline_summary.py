@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from triage.bench.children import Fleet, cpu_seconds, free_run
+from triage.bench.children import Fleet, cpu_seconds
 from triage.bench.pipeline import bench_config, instances_problem, summarize
 from triage.cli.common import ExitCode
 from triage.cli.main import app
@@ -61,15 +61,6 @@ def test_pools_split_the_gpus_and_each_has_a_model(tmp_path: Path) -> None:
         cfg.metrics.worker_port_base != other.metrics.worker_port_base  # picked at run time
     with pytest.raises(ValueError, match="fewer than --pools"):
         bench_config("127.0.0.1:1", "b", tmp_path, gpus=1, pools=2)
-
-
-def test_free_run_is_consecutive_free_ports() -> None:
-    import socket
-
-    base = free_run(3)
-    for port in range(base, base + 3):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", port))
 
 
 @pytest.mark.parametrize("args,needle", [

@@ -9,6 +9,7 @@ import urllib.request
 
 from prometheus_client import CollectorRegistry
 
+from triage.ports import free_port
 from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
@@ -67,7 +68,7 @@ def test_http_endpoints_and_the_gauge_tell_the_same_story() -> None:
     clock = Clock()
     h = Health(clock=clock, started=clock())
     m = AdmissionMetrics(CollectorRegistry())
-    port = m.serve("127.0.0.1", _free_port(), ready=h.check, live=h.live)
+    port = m.serve("127.0.0.1", free_port(), ready=h.check, live=h.live)
     try:
         base = f"http://127.0.0.1:{port}"
         assert _get(f"{base}/ready") == (503, "recovering state\n")
@@ -85,14 +86,6 @@ def test_http_endpoints_and_the_gauge_tell_the_same_story() -> None:
     finally:
         assert m.server is not None
         m.server.shutdown()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_heartbeats_are_applied_again_while_the_app_is_behind_on_them() -> None:

@@ -7,7 +7,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -110,29 +109,3 @@ def cpu_seconds(pid: int) -> float:
     stat = Path(f"/proc/{pid}/stat").read_text()
     fields = stat[stat.rindex(")") + 2:].split()  # the name may hold spaces
     return (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime (fields 14, 15)
-
-
-def free_port() -> int:
-    """A loopback port free now (taken at run time, so two runs do not collide)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_run(n: int) -> int:
-    """A port p with p+1 ... p+n-1 free too (workers listen on consecutive ports)."""
-    for _ in range(200):
-        base = free_port()
-        if base + n > 65535:
-            continue
-        ok = True
-        for i in range(1, n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise BenchStartError(f"no run of {n} free ports on 127.0.0.1")

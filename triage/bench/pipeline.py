@@ -38,14 +38,13 @@ from triage.bench.children import (
     BenchStartError,
     Fleet,
     cpu_seconds,
-    free_port,
-    free_run,
     signals_unwind,
 )
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.clients import broker_reachable, make_consumer, make_producer
 from triage.kafka.local import LocalBroker
+from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics, delete_topics
 from triage.topics.names import TopicNames
 

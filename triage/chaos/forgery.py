@@ -18,14 +18,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, TopicPartition
 
 from triage.chaos.plan import ChaosPlan
 from triage.chaos.report import ScenarioResult
 from triage.chaos.system import TENANT, TENANTS
 from triage.config.models import TriageConfig
 from triage.kafka.acls import APP, tenant_user
-from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.clients import make_consumer, make_producer, wait_for_group_coordinator
 from triage.kafka.local import LocalBroker
 from triage.kafka.security import register_settings
 from triage.topics.admin import create_topics
@@ -81,25 +81,6 @@ def _fetch(broker: LocalBroker, user: str, group: str, topic: str,
         c.close()
 
 
-def _wait_for_group_coordinator(bootstrap: str, timeout_s: float = 120.0) -> None:
-    """A fresh broker creates __consumer_offsets on the first group request and answers
-    NOT_COORDINATOR meanwhile, which a consumer's first offset fetch does not retry: a
-    control read would find nothing. Ask as the operator until the coordinator answers."""
-    c = make_consumer(bootstrap, "chaos-warm-up", log_level=0)
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                c.committed([TopicPartition("chaos-warm-up", 0)], timeout=5)
-                return
-            except KafkaException:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
-    finally:
-        c.close()
-
-
 def _refused(got: KafkaError | list[bytes] | None) -> bool:
     return isinstance(got, KafkaError) and got.code() in DENIED
 
@@ -118,7 +99,7 @@ def run_forgery(plan: ChaosPlan, say: Callable[[str], None]) -> ScenarioResult:
         cfg = _config(broker.bootstrap, names)
         create_topics(broker.bootstrap, names, cfg)
         broker.provision(cfg, names)
-        _wait_for_group_coordinator(broker.bootstrap)
+        wait_for_group_coordinator(broker.bootstrap)
         a, b = TENANTS[0], TENANTS[1]
         me = tenant_user(a)
         # the controls: what tenant `a` and the app may do, they can

@@ -8,7 +8,6 @@ import logging
 import os
 import shutil
 import signal
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -21,35 +20,13 @@ import yaml
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.local import LocalBroker
+from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics
 from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
 
 TENANTS = ("alpha", "beta")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_run(n: int) -> int:
-    """A port p with p+1 ... p+n-1 free too (workers listen on consecutive ports)."""
-    for _ in range(200):
-        base = free_port()
-        ok = True
-        for i in range(1, n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", base + i))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 TENANT: dict[str, Any] = {"rate_tokens_per_s": 1e9, "burst_tokens": 1e9, "queue_max": 20_000,

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from triage.kafka.security import registered_settings
@@ -131,3 +131,22 @@ def broker_reachable(bootstrap: str, timeout_s: float = 2.0, **overrides: Any) -
         log.debug("metadata request to %s failed: %s", bootstrap, exc)
         return False
     return bool(md.brokers)
+
+
+def wait_for_group_coordinator(bootstrap: str, timeout_s: float = 120.0, **overrides: Any) -> None:
+    """A fresh broker creates __consumer_offsets on the first group request and answers
+    NOT_COORDINATOR meanwhile, which a consumer's first offset fetch does not retry: a
+    control read would find nothing. Ask until the coordinator answers."""
+    c = make_consumer(bootstrap, "triage-warm-up", log_level=0, **overrides)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                c.committed([TopicPartition("triage-warm-up", 0)], timeout=5)
+                return
+            except KafkaException:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        c.close()
