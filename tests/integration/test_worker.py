@@ -38,6 +38,7 @@ from triage.topics.messages import (
     Message,
     Reply,
     WorkItem,
+    completions_in,
 )
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode, ReplyStatus
@@ -63,13 +64,15 @@ def work(
 
 
 class Tail:
-    """Reads topics from the beginning (assigned, no group join), decoding as it goes."""
+    """Reads topics from the beginning (assigned, no group join), decoding as it goes
+    (a CompletionBatch into its completions)."""
 
     def __init__(self, bootstrap: str, topic: str, model: type[Message]) -> None:
         from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
         self.model = model
         self.items: list[tuple[str, Any]] = []  # (key, message)
+        self.messages = 0  # records read (a batch is one)
         self.c = make_consumer(bootstrap, f"test-{uuid.uuid4().hex[:8]}")
         parts = self.c.list_topics(topic, timeout=10).topics[topic].partitions
         self.c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
@@ -81,7 +84,11 @@ class Tail:
             for msg in self.c.consume(100, 0.2):
                 if msg.error() is None:
                     key = (msg.key() or b"").decode()
-                    self.items.append((key, self.model.from_bytes(msg.value() or b"")))
+                    value = msg.value() or b""
+                    self.messages += 1
+                    decoded = (completions_in(value) if self.model is Completion
+                               else [self.model.from_bytes(value)])  # a batch: each completion
+                    self.items.extend((key, m) for m in decoded)
         return [m for _, m in self.items]
 
     def close(self) -> None:
@@ -151,6 +158,7 @@ def test_worker_runs_items_heartbeats_dedupes_preempts_and_serves_metrics(
         assert sorted(c.request_id for c in done) == sorted(i.request_id for i in items)
         keys = {k for k, _ in completions.items}
         assert keys == {"shared"}  # completions are keyed by pool
+        assert completions.messages < 12  # finishing within the linger, they share messages
         for c in done:
             want = items[int(c.request_id[1:])]
             assert c.status is CompletionStatus.COMPLETED
@@ -260,6 +268,7 @@ def test_restarted_worker_does_not_rerun_redelivered_items(
     with running_worker(triage_config, b, topics):
         send(b, topics.gpu_work(GPU), "", list(items))
         completions.until(lambda cs: len(cs) >= 3)
+    assert completions.messages < 3  # finished together: batched, so the seed reads batches
     # The same items again, as a redelivery after a crash would bring them, to a new
     # worker process (empty memory) whose only clue is the completions topic.
     send(b, topics.gpu_work(GPU), "", [*items, work("after", out=50)])

@@ -18,6 +18,7 @@ from triage.topics.messages import (
     AdmittedRequest,
     BucketState,
     Completion,
+    CompletionBatch,
     CompletionStatus,
     ControlKind,
     ControlMessage,
@@ -124,6 +125,13 @@ SAMPLES: dict[str, Message] = {
         started_at_ms=NOW,
         finished_at_ms=NOW + 1464,
     ),
+    "CompletionBatch": CompletionBatch(completions=[
+        Completion(request_id=f"req-{i}", tenant="rag", model="llama-3.1-8b", pool="shared",
+                   gpu_id="gpu-1", gpu_type="H200", status=CompletionStatus.COMPLETED,
+                   prompt_tokens=1200, output_tokens=180, max_tokens=300, prefill_s=0.024,
+                   decode_s=1.44, started_at_ms=NOW, finished_at_ms=NOW + 1464)
+        for i in range(2)
+    ]),
     "GpuStatus": GpuStatus(
         gpu_id="gpu-0",
         pool="shared",

@@ -15,11 +15,11 @@ from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
 from triage.topics.messages import (
-    Completion,
     CompletionStatus,
     DeadLetter,
     InferenceRequest,
     Reply,
+    completions_in,
 )
 from triage.topics.names import TopicNames
 
@@ -178,13 +178,14 @@ class Observer:
 
     def _on_completion(self, value: bytes) -> None:
         try:
-            c = Completion.from_bytes(value)
+            done = completions_in(value)
         except ValueError:
             return
-        if c.status is CompletionStatus.COMPLETED:
-            with self._lock:
-                self.completed_runs.setdefault(c.request_id, set()).add(
-                    (c.attempt, c.started_at_ms))
+        with self._lock:
+            for c in done:
+                if c.status is CompletionStatus.COMPLETED:
+                    self.completed_runs.setdefault(c.request_id, set()).add(
+                        (c.attempt, c.started_at_ms))
 
     def _on_reply(self, value: bytes, now: float) -> None:
         try:

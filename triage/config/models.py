@@ -351,6 +351,15 @@ class WorkerConfig(StrictModel):
     openai_metrics_s: PositiveFloat = Field(
         1.0, description="How often the openai backend reads the server's /metrics."
     )
+    completion_batch_max: Annotated[int, Field(ge=1, le=500)] = Field(
+        10, description="Completions of one pool sent to the admission app in one message "
+        "(a CompletionBatch), at most; 1 sends each alone (for an admission app older than "
+        "the workers)."
+    )
+    completion_linger_ms: Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)] = Field(
+        5.0, description="How long a finished attempt's completion waits for others to share "
+        "its message: the latency one completion may gain, for fewer events per request."
+    )
     stream_chunk_tokens: Annotated[int, Field(ge=1, le=4096)] = Field(
         16, description="Streaming: a chunk is published once it holds this many tokens..."
     )

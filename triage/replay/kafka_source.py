@@ -27,7 +27,12 @@ from triage.kafka.clients import make_consumer
 from triage.kafka.scan import ScanTimeoutError, left, scan_range
 from triage.replay.errors import ReplaySourceError
 from triage.replay.recording import ARRIVAL_OUTCOMES, DecisionLog, RecordedRequest, Recording
-from triage.topics.messages import Completion, CompletionStatus, DecisionRecord, InferenceRequest
+from triage.topics.messages import (
+    CompletionStatus,
+    DecisionRecord,
+    InferenceRequest,
+    completions_in,
+)
 from triage.topics.names import TopicNames
 from triage.topics.validation import Invalid, Unparseable, parse_request
 
@@ -131,11 +136,12 @@ def _read(
                             since_ms=lo, until_ms=hi, deadline=deadline):
             recording.scanned += 1
             try:
-                c = Completion.from_bytes(m.value or b"")
+                done = completions_in(m.value or b"")
             except ValidationError:
                 continue
-            if c.status is CompletionStatus.COMPLETED and c.request_id in ids:
-                outputs[c.request_id] = c.output_tokens
+            for c in done:
+                if c.status is CompletionStatus.COMPLETED and c.request_id in ids:
+                    outputs[c.request_id] = c.output_tokens
 
     for r in requests:
         req = r.req

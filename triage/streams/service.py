@@ -32,6 +32,7 @@ from triage.topics.messages import (
     GpuStatus,
     LiveRequest,
     LiveState,
+    completions_in,
 )
 from triage.topics.names import TopicNames
 from triage.topics.reasons import Outcome, ReasonCode
@@ -269,21 +270,28 @@ class AdmissionService:
     def on_completion(self, value: bytes | None, *, key: bytes | None = None,
                       partition: int | None = None, offset: int | None = None,
                       now: float) -> None:
-        """A worker finished (or stopped) an attempt. Never raises (as on_request)."""
+        """A worker finished (or stopped) attempts: one Completion, or a CompletionBatch.
+        Never raises (as on_request); an item that fails is dead-lettered on its own, the
+        rest of its batch still counts."""
         try:
-            self._on_completion(value, key, partition, offset, now)
-        except Exception as exc:
-            self._failed("completion", "completions", self.names.completions, exc, key, value,
-                         partition, offset, now)
-
-    def _on_completion(self, value: bytes | None, key: bytes | None, partition: int | None,
-                       offset: int | None, now: float) -> None:
-        try:
-            c = Completion.from_bytes(value or b"")
+            done = completions_in(value or b"")
         except ValueError as exc:
             self._refusals.dead_letter(self.names.completions, partition, offset, key, value,
                                        str(exc), "completions", now)
             return
+        except Exception as exc:
+            self._failed("completion", "completions", self.names.completions, exc, key, value,
+                         partition, offset, now)
+            return
+        for c in done:
+            try:
+                self._on_completion(c, now)
+            except Exception as exc:
+                raw = value if len(done) == 1 else c.to_bytes()
+                self._failed("completion", "completions", self.names.completions, exc, key,
+                             raw, partition, offset, now)
+
+    def _on_completion(self, c: Completion, now: float) -> None:
         d = self.core.dispatchers.get(c.pool)
         if d is None:
             log.warning("completion for unknown pool %r (%s)", c.pool, c.request_id)

@@ -297,6 +297,39 @@ class Completion(Message):
                              "to the tenant in the terminal reply by the dispatcher.")
 
 
+MAX_COMPLETION_BATCH = 500
+_BATCH_MARK = b'"completions"'
+
+
+class CompletionBatch(Message):
+    """Worker -> dispatcher: several completions of one pool in one message, so the
+    admission app pays its per-event cost once for all of them (docs/architecture.md)."""
+
+    completions: list[Completion] = Field(min_length=1, max_length=MAX_COMPLETION_BATCH)
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> Self:
+        pools = {c.pool for c in self.completions}
+        if len(pools) > 1:
+            raise ValueError(f"a batch holds one pool's completions (its key); got {sorted(pools)}")
+        return self
+
+
+def completions_in(data: bytes | str) -> list[Completion]:
+    """What one message on triage.completions carries: a Completion, or a CompletionBatch.
+    Raises ValueError (pydantic's, naming the field) for anything else."""
+    raw = data.encode() if isinstance(data, str) else data
+    if _BATCH_MARK not in raw:
+        return [Completion.from_bytes(raw)]
+    try:
+        return list(CompletionBatch.from_bytes(raw).completions)
+    except ValueError as batch_error:  # a lone completion whose text says "completions"
+        try:
+            return [Completion.from_bytes(raw)]
+        except ValueError:
+            raise batch_error from None
+
+
 class GpuState(StrEnum):
     UP = "up"
     DRAINING = "draining"
@@ -476,6 +509,7 @@ ALL_MESSAGES: dict[str, type[Message]] = {
         DecisionRecord,
         WorkItem,
         Completion,
+        CompletionBatch,
         GpuStatus,
         ControlMessage,
         ScaleSignal,

@@ -10,7 +10,7 @@ would lose it in a crash.
 
 from __future__ import annotations
 
-import json
+import contextlib
 import logging
 import threading
 import time
@@ -19,6 +19,7 @@ from collections import OrderedDict
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from triage.kafka.clients import make_consumer
+from triage.topics.messages import completions_in
 
 log = logging.getLogger(__name__)
 
@@ -130,11 +131,9 @@ def completed_work_ids(
                     continue
                 value = msg.value() or b""
                 if needle in value:  # cheap filter before parsing
-                    try:
-                        c = json.loads(value)
-                        found.append(f"{c['request_id']}#{c.get('attempt', 0)}")
-                    except (ValueError, KeyError, TypeError):
-                        pass
+                    with contextlib.suppress(ValueError):
+                        found.extend(f"{c.request_id}#{c.attempt}" for c in completions_in(value)
+                                     if c.gpu_id == gpu_id)
                 part, offset = msg.partition(), msg.offset()
                 if part is not None and offset is not None and offset + 1 >= ends.get(part, 0):
                     ends.pop(part, None)

@@ -41,6 +41,7 @@ from triage.topics.messages import (
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode, ReplyStatus
 from triage.workers.backends.base import AttemptResult, AttemptStatus, Backend, epoch_ms
+from triage.workers.batching import CompletionBatcher
 from triage.workers.delivery import BoundedIdSet, OffsetTracker, completed_work_ids
 from triage.workers.errors import UnknownGpuError
 from triage.workers.metrics import WorkerMetrics
@@ -109,6 +110,7 @@ class Worker:
         self._done = BoundedIdSet(opts.done_capacity)
         self._tracker = OffsetTracker()
         self._producer: AsyncProducer | None = None
+        self._completions: CompletionBatcher | None = None
         self._probe: NvmlProbe | None = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -151,6 +153,10 @@ class Worker:
         # timing out after 30 s: a timed-out completion made the work run again.
         self._producer = AsyncProducer(make_producer(self.bootstrap, **{
             "message.timeout.ms": OUTAGE_TIMEOUT_MS}), self._loop)
+        w = self.config.worker
+        self._completions = CompletionBatcher(self._producer, self.topics.completions,
+                                              self._loop, max_items=w.completion_batch_max,
+                                              linger_s=w.completion_linger_ms / 1000.0)
         try:
             seeded = await asyncio.to_thread(completed_work_ids, self.bootstrap,
                                              self.topics.completions, self.gpu_id,
@@ -210,6 +216,8 @@ class Worker:
         if consumer is not None:
             await asyncio.to_thread(self._commit, consumer, False)
         self._heartbeat(GpuState.DOWN)
+        if self._completions is not None:
+            self._completions.flush()
         if self._producer is not None:
             await asyncio.to_thread(self._producer.close)
         if consumer is not None:
@@ -328,8 +336,8 @@ class Worker:
             started_at_ms=r.started_at_ms,
             finished_at_ms=max(r.started_at_ms, r.finished_at_ms), error=error, text=r.text,
         )  # fmt: skip
-        assert self._producer is not None
-        return self._producer.send(self.topics.completions, item.pool, c)
+        assert self._completions is not None
+        return self._completions.send(item.pool, c)
 
     def _send_reply(
         self, item: WorkItem, r: AttemptResult, status: CompletionStatus
