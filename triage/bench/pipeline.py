@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 from confluent_kafka import OFFSET_END, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from triage.bench.ceiling_app import CeilingKind
 from triage.bench.ceilings import broker_ceiling, faust_ceiling, request_bytes
@@ -41,7 +42,7 @@ from triage.bench.children import (
     signals_unwind,
 )
 from triage.config.models import TriageConfig
-from triage.demo.processes import ChildProcess, wait_for_metric
+from triage.demo.processes import ChildProcess, scrape, wait_for_metric
 from triage.kafka.clients import broker_reachable, make_consumer, make_producer
 from triage.kafka.local import LocalBroker
 from triage.ports import free_port, free_run
@@ -214,6 +215,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
         _wait(clock.first, burst_ids, 300)
         _wait(clock.done, burst_ids, 600)
         cpu_s = sum(cpu_seconds(pid) for pid in pids) - cpu0
+        per_message = completions_per_message(cfg)
         decided = [clock.first[r] for r in burst_ids if r in clock.first]
         done = [clock.done[r] for r in burst_ids if r in clock.done]
         since = min(burst_ids.values())
@@ -226,11 +228,28 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
             "admission_cpu_us_per_request": cpu_s / len(done) * 1e6 if done else None,
             "burst_offered_per_s": burst_offered, "burst_decided": len(decided),
             "burst_completed": len(done), "latency_offered_per_s": offered,
-            "latency_decided": len(lat),
+            "latency_decided": len(lat), "completions_per_message": per_message,
         }
     finally:
         clock.stop()
         fleet.stop(*admissions, *workers)
+
+
+def completions_per_message(cfg: TriageConfig) -> float | None:
+    """Attempts the workers ended over the messages they sent to the completions topic
+    (CompletionBatch): each message costs the admission app one event."""
+    attempts = messages = 0.0
+    for i, _gpu in enumerate(cfg.all_gpus()):
+        text = scrape(f"http://127.0.0.1:{cfg.metrics.worker_port_base + i}/metrics")
+        if text is None:
+            return None
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "triage_worker_attempts_total":
+                    attempts += sample.value
+                elif sample.name == "triage_worker_completion_messages_total":
+                    messages += sample.value
+    return attempts / messages if messages else None
 
 
 def _last_line(child: ChildProcess) -> str:

@@ -316,7 +316,7 @@ class AdmissionService:
             )
         if not decisions:  # a stale or duplicate completion: nothing will carry its text
             self._texts.pop(c.request_id, None)
-        self._emit(decisions, now)
+        self._emit(decisions, now, finished=p)
 
     def on_status(self, value: bytes | None, *, key: bytes | None = None,
                   partition: int | None = None, offset: int | None = None,
@@ -376,7 +376,11 @@ class AdmissionService:
         self._observe_gauges()
 
     # --- outputs ----------------------------------------------------------------------
-    def _emit(self, decisions: list[Decision], now: float, arrival: Pending | None = None) -> None:
+    def _emit(self, decisions: list[Decision], now: float, arrival: Pending | None = None,
+              finished: Pending | None = None) -> None:
+        """Each decision's outputs and table record. `arrival` is the request just read;
+        `finished` the one a completion just ended (the core has let go of it: its done
+        record is built from it rather than read back from the table)."""
         names = self.names
         out = self.outbox
         m = self.metrics
@@ -389,6 +393,9 @@ class AdmissionService:
             if p is None and d.pool is not None:
                 disp = self.core.dispatchers[d.pool]
                 p = disp.inflight.get(rid) or disp.queue.members.get(rid)
+            if p is None and finished is not None and finished.request_id == rid \
+                    and d.outcome is Outcome.COMPLETE:
+                p = finished
             side = self._side.get(rid)
             text = self._texts.pop(rid, None) if d.outcome is Outcome.COMPLETE else None
             reply = codec.reply_for(d, text=text)

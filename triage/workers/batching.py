@@ -10,6 +10,7 @@ commits its input only after its output is durable, as before."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from triage.topics.messages import Completion, CompletionBatch, Message
@@ -32,14 +33,16 @@ class CompletionBatcher:
     ``max_items`` to a message; one alone goes as a plain Completion."""
 
     def __init__(self, producer: AsyncProducer, topic: str, loop: asyncio.AbstractEventLoop, *,
-                 max_items: int, linger_s: float) -> None:  # fmt: skip
+                 max_items: int, linger_s: float,
+                 on_message: Callable[[], None] | None = None) -> None:  # fmt: skip
         self._producer = producer
         self._topic = topic
         self._loop = loop
         self._max_items = max_items
         self._linger_s = linger_s
         self._pending: dict[str, _Pending] = {}
-        self.messages = 0  # sent so far (metrics and tests: completions per message)
+        self.messages = 0  # sent so far (tests: completions per message)
+        self._on_message = on_message
 
     def send(self, key: str, completion: Completion) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self._loop.create_future()
@@ -68,6 +71,8 @@ class CompletionBatcher:
             p.timer.cancel()
         message: Message = p.items[0] if len(p.items) == 1 else CompletionBatch(completions=p.items)
         self.messages += 1
+        if self._on_message is not None:
+            self._on_message()
         delivery = self._producer.send(self._topic, key, message)
         futures = p.futures
         delivery.add_done_callback(lambda d: _fan_out(d, futures))

@@ -74,6 +74,13 @@ class WorkerMetrics:
             registry=r,
         )
         self.heartbeats = Counter("triage_worker_heartbeats", "Heartbeats published", g, registry=r)
+        self.completion_messages = Counter(
+            "triage_worker_completion_messages",
+            "Messages published to the completions topic (each holds one Completion or a "
+            "CompletionBatch: attempts over this is completions per message)",
+            g,
+            registry=r,
+        )
         self.prefill = Histogram(
             "triage_worker_prefill_seconds",
             "Measured time to first token per attempt",

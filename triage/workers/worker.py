@@ -156,7 +156,9 @@ class Worker:
         w = self.config.worker
         self._completions = CompletionBatcher(self._producer, self.topics.completions,
                                               self._loop, max_items=w.completion_batch_max,
-                                              linger_s=w.completion_linger_ms / 1000.0)
+                                              linger_s=w.completion_linger_ms / 1000.0,
+                                              on_message=self.metrics.completion_messages
+                                              .labels(self.gpu_id).inc)
         try:
             seeded = await asyncio.to_thread(completed_work_ids, self.bootstrap,
                                              self.topics.completions, self.gpu_id,
