@@ -3,7 +3,8 @@ child processes on the real broker, with their own topics, datadir and ports."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -106,3 +107,13 @@ def running(cfg: TriageConfig, tmp: Path, *, workers: bool = True) -> Iterator[S
         yield system
     finally:
         system.stop()
+
+
+def wait_until(cond: Callable[[], Any], timeout_s: float, what: str,
+               poll_s: float = 0.1) -> None:
+    """Poll `cond` until it is true; fail naming `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(poll_s)

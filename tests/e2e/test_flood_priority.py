@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from harness import fast_config, running
+from harness import fast_config, running, wait_until
 
 from triage.kafka.clients import make_consumer, make_producer
 from triage.topics.messages import (
@@ -87,14 +87,6 @@ def _status(gpu: str, state: GpuState) -> GpuStatus:
                      utilization=0.5, at_ms=int(time.time() * 1000))
 
 
-def _wait(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def test_heartbeats_and_completions_overtake_a_request_flood(
     kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
 ) -> None:
@@ -121,7 +113,7 @@ def test_heartbeats_and_completions_overtake_a_request_flood(
                                        prompt_tokens=64, max_tokens=16)
                 produce(names.requests("f"), req.request_id, req.to_bytes())
             producer.flush(10)
-            _wait(lambda: log.flood_decided() == 0 and sum(
+            wait_until(lambda: log.flood_decided() == 0 and sum(
                 1 for r in log.records if r[0].startswith("warm-")) >= 8, 60, "warm-up")
             running_on = {g: [r[0] for r in log.records if r[1] == "accept" and r[3] == g]
                           for g in ("g0", "g1")}
@@ -133,7 +125,7 @@ def test_heartbeats_and_completions_overtake_a_request_flood(
                 if i % 1000 == 0:
                     producer.poll(0)
             producer.flush(30)
-            _wait(lambda: log.flood_decided() >= STARTED, 120, "the flood to start")
+            wait_until(lambda: log.flood_decided() >= STARTED, 120, "the flood to start")
             decided_at_produce = log.flood_decided()  # a lower bound: the log lags
             done = running_on["g0"][0]
             produce(names.completions, "p", Completion(
@@ -149,7 +141,7 @@ def test_heartbeats_and_completions_overtake_a_request_flood(
                 return (log.first(lambda r: r[0] == done and r[1] == "complete"),
                         log.first(lambda r: r[0] in lost and r[2] == "gpu_lost"))
 
-            _wait(lambda: None not in effects(), 300, "the completion and the heartbeat")
+            wait_until(lambda: None not in effects(), 300, "the completion and the heartbeat")
         finally:
             log.stop()
     completed_at, lost_at = effects()

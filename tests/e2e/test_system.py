@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
-from harness import QUOTA_BINDS, fast_config, running
+from harness import QUOTA_BINDS, fast_config, running, wait_until
 from typer.testing import CliRunner
 
 from triage.cli.main import app
@@ -59,14 +59,6 @@ def read_all(bootstrap: str, topic: str, parse: Any) -> list[Any]:
         return out
     finally:
         c.close()
-
-
-def wait_until(cond: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.25)
 
 
 def test_five_thousand_requests_each_end_in_exactly_one_terminal_reply(
