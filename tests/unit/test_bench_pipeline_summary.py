@@ -52,6 +52,11 @@ def test_a_missing_figure_gives_no_ratio_rather_than_a_wrong_one() -> None:
     assert out["triage_vs_skeleton"] == 0.5
 
 
+def test_tenants_are_as_many_as_asked_each_with_its_topic(tmp_path: Path) -> None:
+    cfg = bench_config("127.0.0.1:1", "b", tmp_path, gpus=2, tenants=1000)
+    assert len({t.name for t in cfg.tenants}) == 1000
+
+
 def test_pools_split_the_gpus_and_each_has_a_model(tmp_path: Path) -> None:
     cfg = bench_config("127.0.0.1:1", "b", tmp_path, gpus=5, pools=2)
     assert [p.gpus for p in cfg.pools] == [["g0", "g2", "g4"], ["g1", "g3"]]
@@ -66,6 +71,7 @@ def test_pools_split_the_gpus_and_each_has_a_model(tmp_path: Path) -> None:
 @pytest.mark.parametrize("args,needle", [
     (["--instances", "2"], "not partitioned yet"),
     (["--gpus", "1", "--pools", "2"], "fewer than --pools"),
+    (["--tenants", "0"], "--tenants"),
 ])  # fmt: skip
 def test_options_it_cannot_run_are_one_line_and_exit_2(args: list[str], needle: str,
                                                        tmp_path: Path) -> None:
@@ -101,10 +107,10 @@ def test_the_text_report_names_every_ceiling_and_the_ratios() -> None:
     from triage.cli.bench_cmd import _pipeline_lines
 
     res = {**summarize([_rep(1.0)]), "repetitions": 1, "run_dir": "r",
-           "latency_offered_per_s": 500.0}
+           "latency_offered_per_s": 500.0, "tenants": 1000, "pools": 4}
     text = "\n".join(_pipeline_lines(res))
     for needle in ("produce 180,000/s", "consume 120,000/s", "relay     3,000 msgs/s",
                    "table     1,500 msgs/s", "skeleton  600 requests/s", "300 completed/s",
                    "2,000 us admission CPU", "(2 s per 1,000)", "triage/skeleton 0.5",
-                   "relay/broker 0.025"):
+                   "relay/broker 0.025", "1000 tenants, 4 pool(s)"):
         assert needle in text, (needle, text)

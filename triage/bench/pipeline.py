@@ -50,7 +50,11 @@ from triage.topics.admin import create_topics, delete_topics
 from triage.topics.names import TopicNames
 
 log = logging.getLogger(__name__)
-TENANTS = ("t0", "t1", "t2", "t3")
+MAX_TENANTS = 2_000  # each is a request topic the app subscribes to
+
+
+def tenant_names(n: int) -> list[str]:
+    return [f"t{i}" for i in range(n)]
 COMPLETE = "complete"  # the outcome of a decision record at a request's end
 STALL_S = 20.0  # waiting for decisions ends when none came for this long
 
@@ -65,9 +69,10 @@ def instances_problem(instances: int) -> str | None:
 
 
 def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int, pools: int = 1,
-                 overrides: dict[str, Any] | None = None) -> TriageConfig:
-    """The bench's config: `gpus` GPUs spread over `pools` pools (one model each), large
-    quotas, and metrics ports free at this moment. `overrides` are merged in (tests)."""
+                 tenants: int = 4, overrides: dict[str, Any] | None = None) -> TriageConfig:
+    """The bench's config: `gpus` GPUs spread over `pools` pools (one model each),
+    `tenants` tenants with large quotas, and metrics ports free at this moment.
+    `overrides` are merged in (tests)."""
     if gpus < pools:
         raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
     tenant = {"rate_tokens_per_s": 1e12, "burst_tokens": 1e12, "queue_max": 100_000,
@@ -76,7 +81,7 @@ def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int, pools
              "context_tokens": 4096, "prefill_s_per_token": 1e-6,
              "decode_s_per_token": 0.001, "batch_slowdown": 0.001}
     data: dict[str, Any] = {
-        "tenants": [{"name": t, **tenant} for t in TENANTS],
+        "tenants": [{"name": t, **tenant} for t in tenant_names(tenants)],
         "models": [{"name": f"tiny{j}", "pool": f"p{j}", **model} for j in range(pools)],
         "gpu_types": [{"name": "H200", "memory_gib": 141}],
         "pools": [{"name": f"p{j}", "gpu_type": "H200", "kv_budget_gib": 120,
@@ -127,12 +132,12 @@ class DecisionClock:
 
 
 def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | None,
-           models: list[str], sent: dict[str, int]) -> float:
+           models: list[str], tenant_list: list[str], sent: dict[str, int]) -> float:
     """Produce n requests at `rate` per second, or flat out (built beforehand, so that
     the producer outruns the app); returns the offered rate."""
     p = make_producer(bootstrap, **{"linger.ms": 2})
-    p.list_topics(names.requests(TENANTS[0]), timeout=10)  # connected before the clock
-    tenants = [TENANTS[i % len(TENANTS)] for i in range(n)]
+    p.list_topics(names.requests(tenant_list[0]), timeout=10)  # connected before the clock
+    tenants = [tenant_list[i % len(tenant_list)] for i in range(n)]
     built = [] if rate is not None else [
         request_bytes(f"{tag}-{i}", tenants[i], models[i % len(models)],
                       int(time.time() * 1000)) for i in range(n)]
@@ -190,6 +195,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
                                             "--config", str(cfg_path)],
                             run_dir / f"worker-{g}.log") for g in cfg.all_gpus()]
     models = [m.name for m in cfg.models]
+    tenant_list = [t.name for t in cfg.tenants]
     clock = DecisionClock(server, names.decisions)
     try:
         for p in [*admissions, *workers]:
@@ -204,14 +210,16 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
         clock.start()
         time.sleep(2.0)  # the workers' first heartbeats
         lat_ids: dict[str, int] = {}
-        offered = _offer(server, names, "lat", latency_requests, latency_rate, models, lat_ids)
+        offered = _offer(server, names, "lat", latency_requests, latency_rate, models,
+                         tenant_list, lat_ids)
         _wait(clock.first, lat_ids, 120)
         lat = sorted(clock.first[r] - t for r, t in lat_ids.items() if r in clock.first)
         _wait(clock.done, lat_ids, 300)  # the burst's CPU is the burst's alone
         pids = [p.proc.pid for p in admissions if p.proc is not None]
         cpu0 = sum(cpu_seconds(pid) for pid in pids)
         burst_ids: dict[str, int] = {}
-        burst_offered = _offer(server, names, "burst", burst_requests, None, models, burst_ids)
+        burst_offered = _offer(server, names, "burst", burst_requests, None, models,
+                               tenant_list, burst_ids)
         _wait(clock.first, burst_ids, 300)
         _wait(clock.done, burst_ids, 600)
         cpu_s = sum(cpu_seconds(pid) for pid in pids) - cpu0
@@ -264,14 +272,14 @@ CEILINGS = ((CeilingKind.RELAY, "faust_relay_ceiling_per_s", "faust_relay_cpu_us
 
 
 def repetition(fleet: Fleet, server: str, run_prefix: str, run_dir: Path, rep: int, *,
-               gpus: int, pools: int, instances: int, broker_messages: int,
+               gpus: int, pools: int, tenants: int, instances: int, broker_messages: int,
                ceiling_messages: int, overrides: dict[str, Any] | None,
                **triage_sizes: Any) -> dict[str, Any]:
     """One of each measurement, in turn, on fresh topics under `run_prefix`."""
     rep_dir = run_dir / f"r{rep}"
     rep_dir.mkdir(parents=True, exist_ok=True)
     cfg = bench_config(server, f"{run_prefix}-r{rep}", rep_dir, gpus=gpus, pools=pools,
-                       overrides=overrides)
+                       tenants=tenants, overrides=overrides)
     cfg_path = rep_dir / "triage.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
     out = triage_phase(fleet, server, cfg, cfg_path, rep_dir, instances=instances,
@@ -315,7 +323,8 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
-        burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, instances: int = 1,
+        burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, tenants: int = 4,
+        instances: int = 1,
         repetitions: int = 3, broker_messages: int = 100_000, ceiling_messages: int = 10_000,
         port: int = 9092, bootstrap: str | None = None,
         out_dir: Path = Path("reports/bench-pipeline"),
@@ -327,6 +336,8 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
         raise ValueError(problem)
     if gpus < pools:
         raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
+    if not 1 <= tenants <= MAX_TENANTS:
+        raise ValueError(f"--tenants {tenants} is outside 1..{MAX_TENANTS}")
     broker = LocalBroker(port=port)
     server = bootstrap or broker.bootstrap
     started = reached = False
@@ -340,7 +351,7 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
             reached = True
             run_dir.mkdir(parents=True, exist_ok=True)
             reps = [repetition(fleet, server, run_prefix, run_dir, i + 1, gpus=gpus,
-                               pools=pools, instances=instances,
+                               pools=pools, tenants=tenants, instances=instances,
                                broker_messages=broker_messages,
                                ceiling_messages=ceiling_messages, overrides=overrides,
                                latency_rate=latency_rate, latency_requests=latency_requests,
@@ -348,6 +359,7 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
                     for i in range(repetitions)]
             out = summarize(reps)
             out.update({"repetitions": repetitions, "instances": instances, "pools": pools,
+                        "tenants": tenants,
                         "gpus": gpus, "burst_requests": burst_requests,
                         "latency_requests": latency_requests,
                         "ceiling_messages": ceiling_messages,

@@ -95,6 +95,10 @@ def pipeline(
     ),
     gpus: int = typer.Option(2, min=1, help="Simulated GPUs in all (one worker process each)."),
     pools: int = typer.Option(1, min=1, help="Pools the GPUs are spread over (one model each)."),
+    tenants: int = typer.Option(
+        4, min=1, max=2_000, help="Tenants the requests are spread over (a request topic "
+        "each), to see the CPU per request stay flat as they grow."
+    ),
     instances: int = typer.Option(
         1, min=1, help="Admission processes in one consumer group (only 1 until the app is "
         "partitioned)."
@@ -136,7 +140,8 @@ def pipeline(
         require_broker(bootstrap, json_out=json_out)
     try:
         res = run(latency_rate=latency_rate, latency_requests=latency_requests,
-                  burst_requests=burst_requests, gpus=gpus, pools=pools, instances=instances,
+                  burst_requests=burst_requests, gpus=gpus, pools=pools, tenants=tenants,
+                  instances=instances,
                   repetitions=repetitions, broker_messages=broker_messages,
                   ceiling_messages=ceiling_messages, port=port, bootstrap=bootstrap,
                   out_dir=out)
@@ -161,7 +166,8 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
         return "n/a" if v is None else f"{v:,.0f}" if abs(v) >= 100 else f"{v:g}"
 
     return [
-        f"medians of {r['repetitions']} interleaved repetitions ({r['run_dir']}):",
+        f"medians of {r['repetitions']} interleaved repetitions, {r['tenants']} "
+        f"tenants, {r['pools']} pool(s) ({r['run_dir']}):",
         f"  broker          produce {f('broker_produce_per_s')}/s, consume "
         f"{f('broker_consume_per_s')}/s",
         f"  faust relay     {f('faust_relay_ceiling_per_s')} msgs/s, "
