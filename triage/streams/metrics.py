@@ -38,6 +38,8 @@ class AdmissionMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+        self._tenants_set: object = None  # the tenant collection whose gauges all exist
+        self._tenant_depths: dict[str, int] = {}  # the non-zero per-tenant depths last set
         self.admissions = Counter(
             "triage_admissions", "Decisions by outcome and reason.",
             ["tenant", "model", "outcome", "reason"], registry=r)
@@ -142,9 +144,24 @@ class AdmissionMetrics:
             for s in d.ledger.slots:
                 self.kv_reserved.labels(name, s.gpu_id).set(s.used)
                 self.kv_budget.labels(name, s.gpu_id).set(s.budget)
-        for t in tenants:
-            self.tenant_queue_depth.labels(t).set(per_tenant.get(t, 0))
+        self._observe_tenant_depths(per_tenant, tenants)
         self.variance_buffer.set(core.predictor.variance_buffer)
+
+    def _observe_tenant_depths(self, depths: dict[str, int], tenants: Iterable[str]) -> None:
+        """Per-tenant queue depths, touching only the tenants whose depth changed: with
+        1,000 tenants, setting every gauge on every tick cost 6% of the app's CPU."""
+        if tenants is not self._tenants_set:  # first tick, or the config changed
+            self._tenants_set = tenants
+            self._tenant_depths = {}
+            for t in tenants:
+                self.child(self.tenant_queue_depth, t).set(depths.get(t, 0))
+        last = self._tenant_depths
+        for t, n in depths.items():
+            if last.get(t) != n:
+                self.child(self.tenant_queue_depth, t).set(n)
+        for t in last.keys() - depths.keys():
+            self.child(self.tenant_queue_depth, t).set(0)
+        self._tenant_depths = {t: n for t, n in depths.items() if n}
 
     def serve(self, host: str, port: int, *, ready: Check | None = None,
               live: Check | None = None) -> int:
