@@ -247,7 +247,7 @@ def completions_per_message(cfg: TriageConfig) -> float | None:
     """Attempts the workers ended over the messages they sent to the completions topic
     (CompletionBatch): each message costs the admission app one event."""
     attempts = messages = 0.0
-    for i, _gpu in enumerate(cfg.all_gpus()):
+    for i in range(len(cfg.all_gpus())):
         text = scrape(f"http://127.0.0.1:{cfg.metrics.worker_port_base + i}/metrics")
         if text is None:
             return None
