@@ -151,7 +151,9 @@ def build_app(
     # --- agents ----------------------------------------------------------------------
     @app.agent(request_topic, concurrency=1)
     async def requests(stream: Any) -> None:
+        ebb = app.producer.buffer.wait_until_ebb
         async for event in stream.events():
+            await ebb()  # see "Priority under a request flood" in docs/architecture.md
             msg = event.message
             skipped = gaps.check(msg.topic, msg.partition, msg.offset)
             if skipped is not None:  # see gaps.py: read what Faust jumped over first

@@ -18,13 +18,18 @@ from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.names import TopicKind
 
 FETCH_MAX_WAIT_MS = 20
+# aiokafka sends no fetch at all to a broker while a partition it leads still holds
+# buffered records younger than this (its default is 100 ms): during a request flood a
+# completion or heartbeat produced meanwhile waited that long before it was even fetched.
+PREFETCH_BACKOFF_S = 0.01
 
 
-def _short_fetch_wait() -> None:
+def _short_fetch_waits() -> None:
     """faust-streaming hard-codes fetch_max_wait_ms=1500 on its consumer. aiokafka leaves
     a partition that still has buffered records out of the next fetch, and that fetch then
     waits up to the full 1.5 s for the *other* partitions: a request waited ~1 s for its
-    decision at 150 requests/s. A short wait costs a few more fetch requests when idle."""
+    decision at 150 requests/s. And it holds back that next fetch for PREFETCH_BACKOFF_S.
+    Short waits cost a few more fetch requests when idle or flooded."""
     cls: Any = faust_aiokafka.AIOKafkaConsumerThread
     if getattr(cls, "_triage_short_fetch", False):
         return
@@ -33,6 +38,13 @@ def _short_fetch_wait() -> None:
     def _create(self: Any, transport: Any) -> Any:
         consumer = create(self, transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its Fetcher at start()
+        start = consumer.start
+
+        async def start_with_short_backoff() -> None:
+            await start()
+            consumer._fetcher._prefetch_backoff = PREFETCH_BACKOFF_S  # built by start()
+
+        consumer.start = start_with_short_backoff
         return consumer
 
     cls._create_worker_consumer = _create
@@ -41,7 +53,7 @@ def _short_fetch_wait() -> None:
 
 def install_patches(fresh_pattern: str) -> None:
     """The process-wide Faust fixes every app of ours runs with (idempotent)."""
-    _short_fetch_wait()
+    _short_fetch_waits()
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
 
