@@ -12,6 +12,8 @@ code before its fix.
 
 from __future__ import annotations
 
+import pytest
+
 from tests.unit._core_factory import config, model, tenant
 from triage.admission.core import AdmissionCore
 from triage.admission.predictor import CostModel
@@ -64,10 +66,13 @@ def test_compute_blocked_head_does_not_convoy_the_queue() -> None:
     assert "a0" in core.dispatchers["p"].queue.members
 
 
-def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
+@pytest.mark.parametrize("scope", ["pool", "gpu"])
+def test_memory_held_line_lets_other_models_start_inside_their_floor(scope: str) -> None:
     """An aged head short of KV holds the line, but only for memory it could get: a
     small model's request that fits inside the small model's own floor still starts
-    (the multi-model scenario's chat waited behind 70B documents and timed out)."""
+    (the multi-model scenario's chat waited behind 70B documents and timed out). Holding
+    one GPU (the only one here), a small request of the head's own model that is
+    predicted to end before the head fits starts as well (EASY backfilling)."""
     cfg = config(
         tenants=[tenant("docs", sla_ms=600_000, max_queue_wait_ms=60_000, weight=100.0),
                  tenant("chat", sla_ms=60_000, max_queue_wait_ms=60_000, weight=0.01)],
@@ -76,7 +81,7 @@ def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
         # pure virtual-service order, so chat's tiny weight ranks it behind docs (with
         # the full policy's deadline blend its 60 s SLA would outrank docs' 600 s)
         policy={"preset": "full", "preemption": False, "variance_buffer": 1.0,
-                "deadline_s_per_token": 0.0},
+                "deadline_s_per_token": 0.0, "hold_scope": scope},
     )
     core = AdmissionCore(cfg)
     # chat runs one request and, at its tiny weight, ranks behind docs in the queue
@@ -92,5 +97,6 @@ def test_memory_held_line_lets_other_models_start_inside_their_floor() -> None:
     d = core.submit("docs-late", "docs", "big", 100, 100, 5.0)[0]
     assert (d.outcome, d.reason) == (Outcome.QUEUE, ReasonCode.QUEUED_BEHIND)  # held line
     started = [x.request_id for x in core.tick(5.1) if x.outcome is Outcome.ACCEPT]
-    assert started == ["chat-late"]  # inside the small model's floor: started
+    # inside the small model's floor: started; docs-late ends before d-wait could fit
+    assert sorted(started) == (["chat-late"] if scope == "pool" else ["chat-late", "docs-late"])
     assert "d-wait" in core.dispatchers["p"].queue.members

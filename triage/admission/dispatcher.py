@@ -29,6 +29,7 @@ from triage.admission.decision import (
 )
 from triage.admission.fairness import FairShare
 from triage.admission.heaps import heapify, heappop, heappush
+from triage.admission.holding import soonest_fit
 from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
 from triage.admission.kvcache import GpuSlot, PoolLedger
 from triage.admission.pending import CLASS_IDLE, Pending
@@ -171,6 +172,10 @@ class Dispatcher:
         # charged beyond what they used (negative: used more). The core drains it.
         self.settlements: list[tuple[str, float]] = []
         self.held = ""  # model whose memory an aged, KV-blocked queue head holds
+        # hold_one_gpu: GPU index -> (the aged head holding it, when it is due to fit);
+        # rebuilt by each dispatch pass, the last pass's kept to keep a head's GPU stable
+        self.holds: dict[int, tuple[str, float]] = {}
+        self._last_holds: dict[str, tuple[int, float]] = {}
 
     # --- membership of GPUs ---------------------------------------------------------
     def add_gpu(self, *, gpu_id: str, gpu_type: str, speed: float, budget: int) -> GpuSlot:
@@ -243,8 +248,10 @@ class Dispatcher:
             reason = R.TENANT_CONCURRENCY
         elif self._may_jump(p):
             slot, reason, raw, pred = self._fit(p, now)
-            if slot is not None and self.held and not slot.within_floor(p.model, p.kv_bytes):
-                slot, reason = None, R.QUEUED_BEHIND  # memory the held head may need
+            if slot is not None and self._held_off(p, slot, now + pred):
+                slot, reason, raw, pred = self._fit_elsewhere(p, slot, now)
+                if slot is None:
+                    reason = R.QUEUED_BEHIND  # memory the held head may need
             if slot is not None:
                 self._dispatch(p, slot, raw, pred, now, R.ADMITTED, out)
                 return out
@@ -265,7 +272,7 @@ class Dispatcher:
             return True
         if self.strict:
             return False
-        if self.held and p.model == self.held:
+        if self.held and p.model == self.held and not self.flags.hold_one_gpu:
             return False
         if not self.monitor.saturated:
             return True
@@ -305,10 +312,11 @@ class Dispatcher:
 
     # --- the checks -----------------------------------------------------------------
     def _fit(
-        self, p: Pending, now: float, sla: bool = True
+        self, p: Pending, now: float, sla: bool = True, avoid: GpuSlot | None = None
     ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
         """Checks 2 and 3 for `p` on the best GPU: (GPU or None, reason, raw, buffered).
-        `sla=False` skips check 3 (a last chance before a certain timeout)."""
+        `sla=False` skips check 3 (a last chance before a certain timeout); with `avoid`
+        (a held GPU) no held GPU is used."""
         flags = self.flags
         if not flags.memory_fit:
             slot = self._round_robin()
@@ -316,6 +324,10 @@ class Dispatcher:
                 return None, R.NO_CAPACITY, 0.0, 0.0
         else:
             slot = self.ledger.best(p.model, p.tenant, p.kv_bytes)
+            if slot is not None and avoid is not None:
+                slot = self._best_unheld(p)
+                if slot is None:
+                    return None, R.GPU_MEMORY_INSUFFICIENT, 0.0, 0.0
             if slot is None:
                 top, _room = self.ledger.peek(p.model)
                 if top is None:
@@ -341,6 +353,56 @@ class Dispatcher:
         if sla and flags.sla_fit and now + pred > p.deadline:
             return None, R.COMPUTE_SATURATION, raw, pred
         return slot, R.ADMITTED, raw, pred
+
+    def _held_off(self, p: Pending, slot: GpuSlot, end: float) -> bool:
+        """Would `p` on `slot`, ending at `end`, take memory a held head waits for?
+        Memory inside `p`'s own model's floor never is (the head's model can never have
+        it), nor, on a held GPU, memory `p` gives back before the head is due to fit."""
+        if self.flags.hold_one_gpu:
+            hold = self.holds.get(slot.index)
+            if hold is None or hold[0] == p.request_id or end <= hold[1]:
+                return False
+        elif not self.held:
+            return False
+        return not slot.within_floor(p.model, p.kv_bytes)
+
+    def _fit_elsewhere(
+        self, p: Pending, held: GpuSlot, now: float
+    ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
+        """`p` is held off `held`: the checks again on the other GPUs (hold_one_gpu), or
+        nowhere (the whole pool is held)."""
+        if not self.flags.hold_one_gpu:
+            return None, R.GPU_MEMORY_INSUFFICIENT, 0.0, 0.0
+        return self._fit(p, now, avoid=held)
+
+    def _best_unheld(self, p: Pending) -> GpuSlot | None:
+        """The up GPU no head holds with the most room for `p`, if `p` fits there."""
+        best: GpuSlot | None = None
+        best_room = p.kv_bytes - 1
+        holds = self.holds
+        for s in self.ledger.slots:
+            if s.up and s.index not in holds:
+                room = s.avail(p.model, p.tenant)
+                if room > best_room:
+                    best, best_room = s, room
+        return best
+
+    def _hold(self, p: Pending, now: float) -> None:
+        """`p`, an aged head short of KV, holds the line: the pool, or one GPU no other
+        head holds (the one it held at the last pass, else the one predicted to free
+        room for it first). With every GPU held, no GPU is left to it: it waits."""
+        if not self.flags.hold_one_gpu:
+            self.held = p.model
+            return
+        holds = self.holds
+        last = self._last_holds.get(p.request_id)
+        if last is not None and last[0] not in holds and self.ledger.slots[last[0]].up:
+            holds[last[0]] = (p.request_id, last[1])
+            return
+        free = [s for s in self.ledger.slots if s.index not in holds]
+        slot, at = soonest_fit(p, free, self.inflight.values(), now)
+        if slot is not None:
+            holds[slot.index] = (p.request_id, at)
 
     def _idle_capacity(
         self, slot: GpuSlot, cost: CostModel, p: Pending, n: float, now: float
@@ -461,14 +523,18 @@ class Dispatcher:
 
     def _enqueue(self, p: Pending, now: float) -> None:
         p.enqueued_at = now
-        p.expires_at = now + self.settings.max_queue_wait_s.get(p.tenant, 2.0)
-        p.timeout_reason = 0
+        p.expires_at, p.timeout_reason = self._expiry(p, now)
+        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
+
+    def _expiry(self, p: Pending, now: float) -> tuple[float, int]:
+        """When `p`, queued at `now`, must have started: its max wait, or (sla_fit) the
+        latest start an idle GPU still finishes in time (timeout reason 1), if sooner."""
+        expires = now + self.settings.max_queue_wait_s.get(p.tenant, 2.0)
         if self.flags.sla_fit:
             latest_start = p.deadline - p.idle_s
-            if latest_start < p.expires_at:
-                p.expires_at = latest_start if latest_start > now else now
-                p.timeout_reason = 1
-        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
+            if latest_start < expires:
+                return (latest_start if latest_start > now else now), 1
+        return expires, 0
 
     def _refuse(
         self, p: Pending, reason: ReasonCode, now: float, retry_s: float | None,
@@ -646,6 +712,9 @@ class Dispatcher:
         (work-conserving, like VTC), within the lookahead bounds."""
         q = self.queue
         self.held = ""
+        if self.holds or self._last_holds:
+            self._last_holds = {rid: (i, at) for i, (rid, at) in self.holds.items()}
+            self.holds = {}
         if not q.members:
             return
         aside: list[object] = []
@@ -653,21 +722,22 @@ class Dispatcher:
         limits = self.settings.max_concurrency if self.flags.quota else {}
         backfill = self.flags.backfill_s
         depth = self.flags.lane_lookahead - 1
-        held = ""  # model of an aged head that holds the line for the memory it waits on
+        pool_hold = not self.flags.hold_one_gpu
         try:
             while True:
                 p = q.head_request()
                 if p is None:
                     break
                 limit = limits.get(p.tenant)
+                held = self.held
                 if (limit is not None and self.tenant_running.get(p.tenant, 0) >= limit) or (
-                    held and p.model == held
+                    pool_hold and held and p.model == held
                 ):
                     entry = q.set_aside()
                     if entry is not None:
                         aside.append(entry)
                     continue
-                reason = self._try_start(p, now, held, out)
+                reason = self._try_start(p, now, out)
                 if reason is None:
                     continue
                 # blocked: look past it, unless it has waited long (no starvation). Only a
@@ -682,16 +752,18 @@ class Dispatcher:
                     now - p.enqueued_at > backfill
                     and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
                 )
-                if aged and not held:
-                    held = p.model
-                if depth > 0 and not (held and p.model == held) and self._start_behind(
-                    p, reason, now, depth, held, out
+                if aged and not (pool_hold and held):
+                    self._hold(p, now)
+                    held = self.held
+                pool_held = pool_hold and held and p.model == held
+                if depth > 0 and not pool_held and self._start_behind(
+                    p, reason, now, depth, out
                 ):
                     continue  # its lane was served and re-keyed: look again from the top
                 skipped += 1
                 if skipped >= self.flags.lookahead:
                     break
-                if held and not any(self.settings.model_floors.values()):
+                if pool_hold and held and not any(self.settings.model_floors.values()):
                     break
                 entry = q.set_aside()
                 if entry is not None:
@@ -699,19 +771,15 @@ class Dispatcher:
         finally:
             for entry in aside:
                 q.put_back(entry)
-        self.held = held
 
-    def _try_start(
-        self, p: Pending, now: float, held: str, out: list[Decision]
-    ) -> ReasonCode | None:
+    def _try_start(self, p: Pending, now: float, out: list[Decision]) -> ReasonCode | None:
         """Dispatch queued `p` if it fits (preempting for it if the rule says so): None
         when it started, else why it is blocked."""
         slot, reason, raw, pred = self._fit(p, now)
         if slot is None and self.flags.preemption and _preempts_for(reason):
             slot, raw, pred = self._preempt_for(p, now, out)
-        if slot is not None and held and not slot.within_floor(p.model, p.kv_bytes):
-            slot = None  # would take memory the held head may need
-            reason = R.GPU_MEMORY_INSUFFICIENT
+        if slot is not None and self._held_off(p, slot, now + pred):  # the held head's memory
+            slot, reason, raw, pred = self._fit_elsewhere(p, slot, now)
         if slot is None:
             return reason
         self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
@@ -719,16 +787,16 @@ class Dispatcher:
         return None
 
     def _start_behind(
-        self, head: Pending, reason: ReasonCode, now: float, depth: int, held: str,
-        out: list[Decision],
+        self, head: Pending, reason: ReasonCode, now: float, depth: int, out: list[Decision]
     ) -> bool:
         """The lane's head is blocked for `reason`: start the first of the next `depth`
         requests of its lane that fits. Requests no smaller than the head (same model,
         no more slack) are skipped without a check: they cannot fit where it did not."""
         limit = self.settings.max_concurrency.get(head.tenant) if self.flags.quota else None
         memory = reason is not R.COMPUTE_SATURATION
+        pool_held = "" if self.flags.hold_one_gpu else self.held
         for c in self.queue.behind(head, depth):
-            if held and c.model == held:
+            if pool_held and c.model == pool_held:
                 continue
             if limit is not None and self.tenant_running.get(c.tenant, 0) >= limit:
                 return False
@@ -740,7 +808,7 @@ class Dispatcher:
                     and c.expected_out >= head.expected_out and c.deadline <= head.deadline
                 ):
                     continue
-            if self._try_start(c, now, held, out) is None:
+            if self._try_start(c, now, out) is None:
                 return True
         return False
 

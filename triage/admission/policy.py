@@ -42,6 +42,7 @@ _FLAG_FIELDS = (
     "backfill_s",
     "fair_share_tolerance",
     "deadline_s_per_token",
+    "hold_one_gpu",
 )
 
 
@@ -77,6 +78,7 @@ class PolicyFlags(Record):
         backfill_s: float,
         fair_share_tolerance: float,
         deadline_s_per_token: float,
+        hold_one_gpu: bool,
     ) -> None:
         self.name: Final = name  # shown on every decision record
         self.version: Final = version  # policy version, bumped when knobs change
@@ -108,6 +110,8 @@ class PolicyFlags(Record):
         self.fair_share_tolerance: Final = fair_share_tolerance
         # fair lanes keyed by head deadline + this x weighted service (0: service alone)
         self.deadline_s_per_token: Final = deadline_s_per_token
+        # an aged, memory-blocked head holds one GPU (holding.py), else the whole pool
+        self.hold_one_gpu: Final = hold_one_gpu
 
 
 _OFF = {"overage_when_idle": False, "pressure": False, "clairvoyant": False}
@@ -208,6 +212,7 @@ def resolve_policy(cfg: PolicyConfig) -> PolicyFlags:
             cfg.deadline_s_per_token if cfg.deadline_s_per_token is not None
             else _PRESET_BLEND.get(cfg.preset, 0.0)
         ),
+        hold_one_gpu=cfg.hold_scope == "gpu",
         **flags,
     )
 

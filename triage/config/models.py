@@ -249,6 +249,10 @@ class PolicyConfig(StrictModel):
         description="How long smaller requests may start past a blocked queue head; after "
         "that the head holds its place (no starvation of large requests).",
     )
+    hold_scope: Literal["gpu", "pool"] = Field(
+        "gpu", description="What an aged, memory-blocked head holds: one GPU, the one "
+        "predicted to free room for it first (others keep serving), or the whole pool.",
+    )
     gpu_timeout_s: PositiveFloat = Field(
         10.0, description="A GPU whose heartbeats stop this long is taken out of the pool."
     )

@@ -37,7 +37,7 @@ DEFAULT_POLICIES = tuple(VARIANTS)
 # tuning); the flags that define a policy come from the variant alone.
 _INHERITED = (
     "version", "tick_ms", "lookahead", "backfill_s", "preempt_sla_factor",
-    "fair_share_tolerance", "deadline_s_per_token", "gpu_timeout_s",
+    "fair_share_tolerance", "deadline_s_per_token", "gpu_timeout_s", "hold_scope",
 )
 
 
