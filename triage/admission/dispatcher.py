@@ -887,16 +887,26 @@ class Dispatcher:
         out. Its prediction rests on the prior output ratio (0.7 of max_tokens by
         default): a tenant asking for 6,000 tokens and using 900 was predicted 4x too
         long under load, every request timed out, none completed, and the predictor never
-        learned otherwise. Once a few complete, the learned ratio decides."""
+        learned otherwise. Once a few complete, the learned ratio decides: below
+        saturation, a request of a tenant within its share still starts if the
+        predictor's median error (not the buffer's tail) finishes it in time; timing out
+        is a certain miss, and the buffered check held back requests that mostly made it
+        (`azure-trace`: 85.6% of requests met without this, 88.1% with it)."""
         if p.timeout_reason or not self.flags.sla_fit or p.cls == CLASS_IDLE:
             return False
-        if self.predictor.ratio(p.tenant).learned:
-            return False
         if now + p.idle_s > p.deadline:
+            return False
+        learned = self.predictor.ratio(p.tenant).learned
+        if learned and (self.flags.clairvoyant or self.monitor.saturated):
             return False
         slot, _reason, raw, pred = self._fit(p, now, sla=False)
         if slot is None:
             return False
+        if learned and (
+            now + raw * self.predictor.median_ratio(p.model) > p.deadline
+            or self.fair.over_share(p.tenant, self.flags.fair_share_tolerance)
+        ):
+            return False  # even the typical error would miss, or it is over its share
         self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
         self._dispatch(p, slot, raw, pred, now, R.DISPATCHED_FROM_QUEUE, out)
         return True

@@ -225,6 +225,11 @@ class VarianceBuffer:
             v = self._sorted[max(0, k)]
             self.value = 1.0 if v < 1.0 else (self.cap if v > self.cap else v)
 
+    def median(self) -> float:
+        """The median of actual/predicted (1.0 until min_samples)."""
+        n = len(self._sorted)
+        return self._sorted[n // 2] if n >= self.min_samples and n > 0 else 1.0
+
     @property
     def samples(self) -> int:
         return len(self._ring)
@@ -316,6 +321,11 @@ class WorkloadPredictor:
     def buffer_value(self, model: str) -> float:
         b = self.buffers.get(model)
         return self._buffer_args[0] if b is None else b.value
+
+    def median_ratio(self, model: str) -> float:
+        """The median of `model`'s actual/predicted time (1.0 before any completion)."""
+        b = self.buffers.get(model)
+        return 1.0 if b is None else b.median()
 
     @property
     def variance_buffer(self) -> float:
