@@ -249,7 +249,7 @@ class Dispatcher:
         elif self._may_jump(p):
             slot, reason, raw, pred = self._fit(p, now)
             if slot is not None and self._held_off(p, slot, now + pred):
-                slot, reason, raw, pred = self._fit_elsewhere(p, slot, now)
+                slot, reason, raw, pred = self._fit_elsewhere(p, now)
                 if slot is None:
                     reason = R.QUEUED_BEHIND  # memory the held head may need
             if slot is not None:
@@ -272,7 +272,7 @@ class Dispatcher:
             return True
         if self.strict:
             return False
-        if self.held and p.model == self.held and not self.flags.hold_one_gpu:
+        if self.held and p.model == self.held:  # (only set when the whole pool is held)
             return False
         if not self.monitor.saturated:
             return True
@@ -312,22 +312,24 @@ class Dispatcher:
 
     # --- the checks -----------------------------------------------------------------
     def _fit(
-        self, p: Pending, now: float, sla: bool = True, avoid: GpuSlot | None = None
+        self, p: Pending, now: float, sla: bool = True, unheld: bool = False
     ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
         """Checks 2 and 3 for `p` on the best GPU: (GPU or None, reason, raw, buffered).
-        `sla=False` skips check 3 (a last chance before a certain timeout); with `avoid`
-        (a held GPU) no held GPU is used."""
+        `sla=False` skips check 3 (a last chance before a certain timeout); `unheld`
+        leaves out the GPUs that aged heads hold."""
         flags = self.flags
         if not flags.memory_fit:
             slot = self._round_robin()
             if slot is None:
                 return None, R.NO_CAPACITY, 0.0, 0.0
         else:
-            slot = self.ledger.best(p.model, p.tenant, p.kv_bytes)
-            if slot is not None and avoid is not None:
-                slot = self._best_unheld(p)
+            ledger = self.ledger
+            if unheld:
+                slot = ledger.scan(p.model, p.tenant, p.kv_bytes, self.holds)
                 if slot is None:
                     return None, R.GPU_MEMORY_INSUFFICIENT, 0.0, 0.0
+            else:
+                slot = ledger.best(p.model, p.tenant, p.kv_bytes)
             if slot is None:
                 top, _room = self.ledger.peek(p.model)
                 if top is None:
@@ -367,25 +369,13 @@ class Dispatcher:
         return not slot.within_floor(p.model, p.kv_bytes)
 
     def _fit_elsewhere(
-        self, p: Pending, held: GpuSlot, now: float
+        self, p: Pending, now: float
     ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
-        """`p` is held off `held`: the checks again on the other GPUs (hold_one_gpu), or
-        nowhere (the whole pool is held)."""
+        """`p` is held off the GPU it fit best: the checks again on the GPUs no head
+        holds (hold_one_gpu), or nowhere (the whole pool is held)."""
         if not self.flags.hold_one_gpu:
             return None, R.GPU_MEMORY_INSUFFICIENT, 0.0, 0.0
-        return self._fit(p, now, avoid=held)
-
-    def _best_unheld(self, p: Pending) -> GpuSlot | None:
-        """The up GPU no head holds with the most room for `p`, if `p` fits there."""
-        best: GpuSlot | None = None
-        best_room = p.kv_bytes - 1
-        holds = self.holds
-        for s in self.ledger.slots:
-            if s.up and s.index not in holds:
-                room = s.avail(p.model, p.tenant)
-                if room > best_room:
-                    best, best_room = s, room
-        return best
+        return self._fit(p, now, unheld=True)
 
     def _hold(self, p: Pending, now: float) -> None:
         """`p`, an aged head short of KV, holds the line: the pool, or one GPU no other
@@ -399,7 +389,9 @@ class Dispatcher:
         if last is not None and last[0] not in holds and self.ledger.slots[last[0]].up:
             holds[last[0]] = (p.request_id, last[1])
             return
-        free = [s for s in self.ledger.slots if s.index not in holds]
+        free = [s for s in self.ledger.slots if s.up and s.index not in holds]
+        if not free:
+            return  # every GPU is held: skip the scan of the runners
         slot, at = soonest_fit(p, free, self.inflight.values(), now)
         if slot is not None:
             holds[slot.index] = (p.request_id, at)
@@ -523,18 +515,14 @@ class Dispatcher:
 
     def _enqueue(self, p: Pending, now: float) -> None:
         p.enqueued_at = now
-        p.expires_at, p.timeout_reason = self._expiry(p, now)
-        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
-
-    def _expiry(self, p: Pending, now: float) -> tuple[float, int]:
-        """When `p`, queued at `now`, must have started: its max wait, or (sla_fit) the
-        latest start an idle GPU still finishes in time (timeout reason 1), if sooner."""
-        expires = now + self.settings.max_queue_wait_s.get(p.tenant, 2.0)
+        p.expires_at = now + self.settings.max_queue_wait_s.get(p.tenant, 2.0)
+        p.timeout_reason = 0
         if self.flags.sla_fit:
             latest_start = p.deadline - p.idle_s
-            if latest_start < expires:
-                return (latest_start if latest_start > now else now), 1
-        return expires, 0
+            if latest_start < p.expires_at:
+                p.expires_at = latest_start if latest_start > now else now
+                p.timeout_reason = 1
+        self.queue.push(p, self.fair.service.get(p.tenant, 0.0), p.idle_s)
 
     def _refuse(
         self, p: Pending, reason: ReasonCode, now: float, retry_s: float | None,
@@ -722,16 +710,15 @@ class Dispatcher:
         limits = self.settings.max_concurrency if self.flags.quota else {}
         backfill = self.flags.backfill_s
         depth = self.flags.lane_lookahead - 1
-        pool_hold = not self.flags.hold_one_gpu
+        held = ""  # model of an aged head that holds the whole pool (hold_scope: pool)
         try:
             while True:
                 p = q.head_request()
                 if p is None:
                     break
                 limit = limits.get(p.tenant)
-                held = self.held
                 if (limit is not None and self.tenant_running.get(p.tenant, 0) >= limit) or (
-                    pool_hold and held and p.model == held
+                    held and p.model == held
                 ):
                     entry = q.set_aside()
                     if entry is not None:
@@ -752,18 +739,17 @@ class Dispatcher:
                     now - p.enqueued_at > backfill
                     and reason is not R.TIGHTENED and reason is not R.COMPUTE_SATURATION
                 )
-                if aged and not (pool_hold and held):
+                if aged and not held:  # holding one GPU each, every aged head holds
                     self._hold(p, now)
                     held = self.held
-                pool_held = pool_hold and held and p.model == held
-                if depth > 0 and not pool_held and self._start_behind(
+                if depth > 0 and not (held and p.model == held) and self._start_behind(
                     p, reason, now, depth, out
                 ):
                     continue  # its lane was served and re-keyed: look again from the top
                 skipped += 1
                 if skipped >= self.flags.lookahead:
                     break
-                if pool_hold and held and not any(self.settings.model_floors.values()):
+                if held and not any(self.settings.model_floors.values()):
                     break
                 entry = q.set_aside()
                 if entry is not None:
@@ -779,7 +765,7 @@ class Dispatcher:
         if slot is None and self.flags.preemption and _preempts_for(reason):
             slot, raw, pred = self._preempt_for(p, now, out)
         if slot is not None and self._held_off(p, slot, now + pred):  # the held head's memory
-            slot, reason, raw, pred = self._fit_elsewhere(p, slot, now)
+            slot, reason, raw, pred = self._fit_elsewhere(p, now)
         if slot is None:
             return reason
         self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
@@ -794,9 +780,9 @@ class Dispatcher:
         no more slack) are skipped without a check: they cannot fit where it did not."""
         limit = self.settings.max_concurrency.get(head.tenant) if self.flags.quota else None
         memory = reason is not R.COMPUTE_SATURATION
-        pool_held = "" if self.flags.hold_one_gpu else self.held
+        held = self.held
         for c in self.queue.behind(head, depth):
-            if pool_held and c.model == pool_held:
+            if held and c.model == held:
                 continue
             if limit is not None and self.tenant_running.get(c.tenant, 0) >= limit:
                 return False
@@ -897,7 +883,7 @@ class Dispatcher:
         if now + p.idle_s > p.deadline:
             return False
         learned = self.predictor.ratio(p.tenant).learned
-        if learned and (self.flags.clairvoyant or self.monitor.saturated):
+        if learned and self.monitor.saturated:
             return False
         slot, _reason, raw, pred = self._fit(p, now, sla=False)
         if slot is None:

@@ -17,6 +17,8 @@ spreads load) is O(log n).
 
 from __future__ import annotations
 
+from collections.abc import Container
+
 from triage.admission.errors import UnknownGpuError
 from triage.admission.heaps import heapify, heappop, heappush
 from triage.admission.predictor import CostModel
@@ -239,14 +241,17 @@ class PoolLedger:
         if room >= nbytes:
             return s
         if tenant in self.tenant_shares:  # reserved slack is not in the heap key: look
-            return self._scan(model, tenant, nbytes)
+            return self.scan(model, tenant, nbytes)
         return None
 
-    def _scan(self, model: str, tenant: str, nbytes: int) -> GpuSlot | None:
+    def scan(
+        self, model: str, tenant: str, nbytes: int, skip: Container[int] = ()
+    ) -> GpuSlot | None:
+        """`best` by looking at every up GPU, except those whose index is in `skip`."""
         best: GpuSlot | None = None
         best_a = nbytes - 1
         for s in self.slots:
-            if s.up:
+            if s.up and s.index not in skip:
                 a = s.avail(model, tenant)
                 if a > best_a:
                     best, best_a = s, a
