@@ -10,12 +10,14 @@ the broker read the same thing. Everything not granted here is refused
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not in __all__
     AclBinding,
+    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
@@ -138,11 +140,37 @@ def to_bindings(grants: Iterable[Grant]) -> list[AclBinding]:
 
 
 def apply_acls(admin: AdminClient, grants: Iterable[Grant]) -> int:
-    """Create the bindings (creating one that exists is a no-op); returns how many."""
+    """Create the bindings (creating one that exists is a no-op) and wait until the broker
+    enforces them; returns how many."""
     bindings = to_bindings(grants)
     if not bindings:
         return 0
     futures = admin.create_acls(bindings, request_timeout=_TIMEOUT_S)
     for future in futures.values():
         future.result()
+    _await_enforced(admin, bindings)
     return len(bindings)
+
+
+# None matches any name, principal and host (the stubs type them as str only).
+_ANY: Any = None
+_ANY_BINDING = AclBindingFilter(ResourceType.ANY, _ANY, ResourcePatternType.ANY, _ANY, _ANY,
+                                AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
+
+
+def _await_enforced(admin: AdminClient, bindings: list[AclBinding]) -> None:
+    """Block until the broker lists every binding. In KRaft `create_acls` returns once the
+    controller has the record; the broker's authorizer applies it from the metadata log a
+    moment later (seconds on a loaded machine), and a client that writes in between is
+    refused. The broker answers DescribeAcls from that same authorizer."""
+    wanted = set(bindings)
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        listed = admin.describe_acls(_ANY_BINDING, request_timeout=_TIMEOUT_S).result()
+        missing = wanted.difference(listed)
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{len(missing)} of {len(wanted)} ACLs not enforced by the "
+                               f"broker after {_TIMEOUT_S:.0f} s, e.g. {next(iter(missing))}")
+        time.sleep(0.1)
