@@ -13,6 +13,7 @@ from rich.console import Console
 from triage.cli.common import ExitCode, fail, print_error
 from triage.config import ConfigError, load_config
 from triage.config.models import TriageConfig
+from triage.kafka.acls import AclError
 from triage.kafka.local import (
     DEFAULT_HEAP,
     DEFAULT_PORT,
@@ -153,7 +154,7 @@ def provision(
         done = provision_broker(store, cfg, admin_settings=login)
     except (ConfigError, CredentialError) as exc:
         raise _fail(exc) from None
-    except KafkaException as exc:
+    except (KafkaException, AclError) as exc:
         raise _fail(f"creating users and ACLs on {store.bootstrap} failed: {exc}") from None
     console.print(
         f"secured {store.bootstrap}: {len(done.users)} principals ({', '.join(done.users)}), "
@@ -173,7 +174,7 @@ def _provision(broker: LocalBroker, cfg: TriageConfig) -> None:
         done = broker.provision(cfg)
     except LocalBrokerError as exc:
         raise _fail(exc) from None
-    except KafkaException as exc:
+    except (KafkaException, AclError) as exc:
         raise _fail(f"creating users and ACLs on {broker.bootstrap} failed: {exc}") from None
     console.print(
         f"secured: {len(done.users)} principals ({', '.join(done.users)}), "

@@ -10,7 +10,6 @@ the broker read the same thing. Everything not granted here is refused
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -26,6 +25,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
 )
 
 from triage.config.models import TriageConfig
+from triage.kafka.clients import poll_until_done
 from triage.topics.names import TopicNames
 
 ADMIN = "admin"
@@ -158,19 +158,22 @@ _ANY_BINDING = AclBindingFilter(ResourceType.ANY, _ANY, ResourcePatternType.ANY,
                                 AclOperation.ANY, AclPermissionType.ANY)  # fmt: skip
 
 
+class AclError(RuntimeError):
+    """The broker did not come to enforce the ACLs asked for."""
+
+
 def _await_enforced(admin: AdminClient, bindings: list[AclBinding]) -> None:
     """Block until the broker lists every binding. In KRaft `create_acls` returns once the
     controller has the record; the broker's authorizer applies it from the metadata log a
     moment later (seconds on a loaded machine), and a client that writes in between is
     refused. The broker answers DescribeAcls from that same authorizer."""
     wanted = set(bindings)
-    deadline = time.monotonic() + _TIMEOUT_S
-    while True:
-        listed = admin.describe_acls(_ANY_BINDING, request_timeout=_TIMEOUT_S).result()
-        missing = wanted.difference(listed)
-        if not missing:
-            return
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{len(missing)} of {len(wanted)} ACLs not enforced by the "
-                               f"broker after {_TIMEOUT_S:.0f} s, e.g. {next(iter(missing))}")
-        time.sleep(0.1)
+
+    def missing() -> set[AclBinding]:
+        return wanted.difference(admin.describe_acls(_ANY_BINDING,
+                                                     request_timeout=_TIMEOUT_S).result())
+
+    left = poll_until_done(missing, _TIMEOUT_S)
+    if left:
+        raise AclError(f"{len(left)} of {len(wanted)} ACLs not enforced by the broker after "
+                       f"{_TIMEOUT_S:.0f} s, e.g. {next(iter(left))}")

@@ -14,7 +14,8 @@ import logging
 import re
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Set
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -131,6 +132,23 @@ def broker_reachable(bootstrap: str, timeout_s: float = 2.0, **overrides: Any) -
         log.debug("metadata request to %s failed: %s", bootstrap, exc)
         return False
     return bool(md.brokers)
+
+
+T = TypeVar("T")
+
+
+def poll_until_done(
+    pending: Callable[[], Set[T]], timeout_s: float, every_s: float = 0.1
+) -> Set[T]:
+    """Ask `pending` (what the broker has not done yet) until it is empty or `timeout_s`
+    passes; returns what is still pending then (empty: done). For broker state that
+    lands a moment after the call that asked for it (topic leaders, ACLs)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = pending()
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(every_s)
 
 
 def wait_for_group_coordinator(bootstrap: str, timeout_s: float = 120.0, **overrides: Any) -> None:

@@ -8,7 +8,6 @@ only adds what is missing: an existing topic is never altered, only reported
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # public, not
 )
 
 from triage.config.models import TriageConfig
-from triage.kafka.clients import make_admin
+from triage.kafka.clients import make_admin, poll_until_done
 from triage.topics.errors import TopicAdminError
 from triage.topics.names import TopicKind, TopicNames
 
@@ -210,23 +209,17 @@ def _partition_counts(admin: AdminClient, timeout_s: float) -> dict[str, int]:
 
 def _wait_for_leaders(admin: AdminClient, topics: set[str], timeout_s: float) -> None:
     """A freshly created topic may not have a leader yet; producers would fail on it."""
-    deadline = time.monotonic() + timeout_s
-    pending = set(topics)
-    while pending:
+    if not topics:
+        return
+
+    def leaderless() -> set[str]:
         md = admin.list_topics(timeout=timeout_s)
-        for name in list(pending):
-            t = md.topics.get(name)
-            if (
-                t is not None
-                and t.error is None
-                and t.partitions
-                and all(p.leader >= 0 for p in t.partitions.values())
-            ):
-                pending.discard(name)
-        if not pending:
-            return
-        if time.monotonic() > deadline:
-            raise TopicAdminError(
-                f"topics without a leader after {timeout_s:.0f}s: {sorted(pending)}"
-            )
-        time.sleep(0.1)
+        return {
+            name for name in topics
+            if (t := md.topics.get(name)) is None or t.error is not None or not t.partitions
+            or any(p.leader < 0 for p in t.partitions.values())
+        }
+
+    pending = poll_until_done(leaderless, timeout_s)
+    if pending:
+        raise TopicAdminError(f"topics without a leader after {timeout_s:.0f}s: {sorted(pending)}")
