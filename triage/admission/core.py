@@ -7,11 +7,12 @@ Faust app drives the same Gate and Dispatcher objects from two stages.
 from __future__ import annotations
 
 from triage.admission.decision import Decision, ScaleEvent
-from triage.admission.dispatcher import Dispatcher, PoolSettings
+from triage.admission.dispatcher import Dispatcher
 from triage.admission.errors import UnknownModelError, UnknownTenantError
 from triage.admission.gate import Gate
 from triage.admission.hysteresis import HysteresisSettings
 from triage.admission.pending import Pending
+from triage.admission.placement import PoolSettings
 from triage.admission.policy import PolicyFlags, resolve_policy
 from triage.admission.predictor import WorkloadPredictor
 from triage.config.models import GIB, PolicyConfig, TenantConfig, TriageConfig
