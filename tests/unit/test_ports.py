@@ -1,5 +1,6 @@
 """Free ports for child processes: free when probed, consecutive for a run, and never
-the same port twice in one process (two listeners picked a moment apart collided in CI)."""
+the same port twice in one process (two listeners picked a moment apart collided in CI),
+and never one the kernel could give an outgoing connection meanwhile."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def test_no_port_is_handed_out_twice_even_when_the_kernel_repeats(
         monkeypatch: pytest.MonkeyPatch) -> None:
     first = free_port()
     offered = iter([first, first - 1, first + 40])  # the kernel offers repeats
-    monkeypatch.setattr(ports, "_kernel_port", lambda: next(offered))
+    monkeypatch.setattr(ports, "_candidate", lambda: next(offered))
     got = free_run(2)
     assert got == first + 40  # runs from first and first - 1 both hold first, already out
     assert first not in range(got, got + 2)
@@ -35,3 +36,25 @@ def test_many_picks_never_overlap() -> None:
         taken.extend(range(base, base + 4))
     taken.extend(free_port() for _ in range(30))
     assert len(taken) == len(set(taken))
+
+
+def test_ports_are_drawn_below_the_kernels_ephemeral_range() -> None:
+    low = ports.ephemeral_low()
+    picks = [free_run(2) for _ in range(50)]
+    if low - ports.LOWEST >= 1000:
+        assert all(p >= ports.LOWEST and p + 1 < low for p in picks)
+    assert len(set(picks)) == len(picks)
+
+
+def test_a_port_something_listens_on_is_never_handed_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    draw = ports._candidate
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        offered = iter([taken, taken])
+        monkeypatch.setattr(ports, "_candidate", lambda: next(offered, None) or draw())
+        got = free_port()
+        assert got != taken
+        assert next(offered, None) is None  # both offers of the busy port were turned down
