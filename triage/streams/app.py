@@ -39,7 +39,14 @@ from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
 from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
-from triage.streams.engine import RAW_TOPIC, faust_app, install_patches, raw_table, start_outbox
+from triage.streams.engine import (
+    RAW_TOPIC,
+    faust_app,
+    freeze_heap,
+    install_patches,
+    raw_table,
+    start_outbox,
+)
 from triage.streams.gaps import GapGuard, committed_offsets, read_range
 from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
@@ -141,6 +148,7 @@ def build_app(
             gaps.start_at(await asyncio.to_thread(committed_offsets, k.bootstrap_servers,
                                                   app_id, sorted(admission.subscribed)))
             service.restore(time.time())
+            freeze_heap()
             admission.restored = health.restored = True
             health.ticked()
 

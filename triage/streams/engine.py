@@ -5,6 +5,7 @@ as the admission app, and measure what it can do."""
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import faust
@@ -49,6 +50,16 @@ def _short_fetch_waits() -> None:
 
     cls._create_worker_consumer = _create
     cls._triage_short_fetch = True
+
+
+def freeze_heap() -> None:
+    """Move every object alive now (modules, classes, the app, the restored state) into
+    the collector's permanent generation, once the app has started. A full collection
+    walks every tracked object: with Faust, aiokafka and pydantic loaded that took
+    80-110 ms, mid-stream, and every request in flight waited it out (the bench's p99).
+    Frozen objects are never walked again; only what was allocated since is."""
+    gc.collect()
+    gc.freeze()
 
 
 def install_patches(fresh_pattern: str) -> None:
