@@ -1,6 +1,6 @@
 """`triage bench pipeline` on the real broker with real processes: a small run prints
 every figure with consistent ratios, and no run leaves a child behind, whether it
-ends normally, on a failed start, or killed by SIGINT/SIGTERM."""
+ends normally, on a failed start, or killed by SIGINT, SIGTERM or SIGKILL."""
 
 from __future__ import annotations
 
@@ -108,3 +108,33 @@ def test_a_killed_bench_stops_its_children(
     assert proc.returncode == 130, stderr[-3000:]
     assert "every child process was stopped" in stderr
     assert processes_naming(str(tmp_path)) == []
+
+
+def test_a_bench_killed_with_sigkill_takes_its_children_along(
+    kafka_bootstrap: str, tmp_path: Path
+) -> None:
+    """SIGKILL runs no cleanup in the bench: each child stops itself (SIGTERM from the
+    kernel when its parent dies, triage/lifeline.py), and none is left running."""
+    proc = _bench(tmp_path, kafka_bootstrap)
+    try:
+        deadline = time.monotonic() + 120
+        children: list[int] = []
+        while len(children) < 3 and time.monotonic() < deadline:  # admission + 2 workers
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            children = processes_naming(str(tmp_path), but=proc.pid)
+            time.sleep(0.2)
+        assert len(children) >= 3, "the bench never started its children"
+        proc.kill()
+        proc.communicate(timeout=30)
+        left = children
+        deadline = time.monotonic() + 60  # each child's own graceful stop
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = processes_naming(str(tmp_path))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in processes_naming(str(tmp_path)):  # never leave one behind, even failing
+            os.kill(pid, signal.SIGKILL)
+    assert proc.returncode == -signal.SIGKILL
+    assert left == [], f"children still running after the bench was killed: {left}"

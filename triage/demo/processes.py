@@ -11,11 +11,15 @@ import time
 import urllib.request
 from pathlib import Path
 
+from triage.lifeline import child_env
+
 log = logging.getLogger(__name__)
 
 
 class ChildProcess:
-    """One `python -m triage ...` process with its output in a log file."""
+    """One `python -m triage ...` process with its output in a log file, in a session of
+    its own, stopped with SIGTERM should this process die without stopping it
+    (triage/lifeline.py)."""
 
     def __init__(self, name: str, args: list[str], log_path: Path) -> None:
         self.name = name
@@ -25,7 +29,7 @@ class ChildProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **child_env()}
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "triage", *self.args],
