@@ -87,19 +87,25 @@ def test_a_failed_start_leaves_no_child_running(kafka_bootstrap: str, tmp_path: 
     assert processes_naming(str(run_dir)) == []
 
 
+def _wait_for_children(proc: subprocess.Popen[str], run_dir: Path) -> list[int]:
+    """The bench's admission app and two workers, once all three run."""
+    deadline = time.monotonic() + 120
+    children: list[int] = []
+    while len(children) < 3 and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        children = processes_naming(str(run_dir), but=proc.pid)
+        time.sleep(0.2)
+    assert len(children) >= 3, "the bench never started its children"
+    return children
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_killed_bench_stops_its_children(
     kafka_bootstrap: str, tmp_path: Path, sig: signal.Signals
 ) -> None:
     proc = _bench(tmp_path, kafka_bootstrap)
     try:
-        deadline = time.monotonic() + 120
-        children: list[int] = []
-        while len(children) < 3 and time.monotonic() < deadline:  # admission + 2 workers
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            children = processes_naming(str(tmp_path), but=proc.pid)
-            time.sleep(0.2)
-        assert len(children) >= 3, "the bench never started its children"
+        _wait_for_children(proc, tmp_path)
         proc.send_signal(sig)
         _, stderr = proc.communicate(timeout=90)
     finally:
@@ -117,13 +123,7 @@ def test_a_bench_killed_with_sigkill_takes_its_children_along(
     kernel when its parent dies, triage/lifeline.py), and none is left running."""
     proc = _bench(tmp_path, kafka_bootstrap)
     try:
-        deadline = time.monotonic() + 120
-        children: list[int] = []
-        while len(children) < 3 and time.monotonic() < deadline:  # admission + 2 workers
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
-            children = processes_naming(str(tmp_path), but=proc.pid)
-            time.sleep(0.2)
-        assert len(children) >= 3, "the bench never started its children"
+        children = _wait_for_children(proc, tmp_path)
         proc.kill()
         proc.communicate(timeout=30)
         left = children
