@@ -76,7 +76,8 @@ class _Producer:
         self.sent: list[tuple[str, Message, asyncio.Future[None]]] = []
         self.counted = 0  # the batcher's on_message calls
 
-    def send(self, topic: str, key: str, message: Message) -> asyncio.Future[None]:
+    def send(self, topic: str, key: str, message: Message,
+             partition: int = -1) -> asyncio.Future[None]:
         fut: asyncio.Future[None] = self.loop.create_future()
         self.sent.append((key, message, fut))
         return fut

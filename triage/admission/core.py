@@ -78,8 +78,9 @@ class AdmissionCore:
 
     def __init__(
         self, config: TriageConfig, *, policy: PolicyConfig | None = None,
-        expect_heartbeats: bool = False,
+        expect_heartbeats: bool = False, pools: frozenset[str] | None = None,
     ) -> None:
+        """`pools`: the pools this core dispatches for (one shard of the app; None: all)."""
         self.config = config
         self.flags = resolve_policy(policy or config.policy)
         self.predictor = build_predictor(config, self.flags)
@@ -88,6 +89,8 @@ class AdmissionCore:
         )
         self.dispatchers: dict[str, Dispatcher] = {}
         for pool in config.pools:
+            if pools is not None and pool.name not in pools:
+                continue
             d = Dispatcher(
                 settings=pool_settings(config, pool.name), flags=self.flags,
                 predictor=self.predictor, expect_heartbeats=expect_heartbeats,

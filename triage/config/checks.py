@@ -39,12 +39,12 @@ def runnable_problem(cfg: TriageConfig) -> str | None:
     """Why the admission app cannot run this config, or None. One place, so lifting a
     limit is one edit."""
     k = cfg.kafka
-    if k.request_partitions != 1 or k.admission_partitions != 1:
+    if k.request_partitions != k.admission_partitions:
         return (
-            f"kafka.request_partitions ({k.request_partitions}) and "
-            f"kafka.admission_partitions ({k.admission_partitions}) must be 1: the admission "
-            "app's tables follow its inputs' single partition (scale out with more tenants' "
-            "topics and pools, see docs/architecture.md)"
+            f"kafka.request_partitions ({k.request_partitions}) must equal "
+            f"kafka.admission_partitions ({k.admission_partitions}): partition n of every "
+            "request topic belongs to the shard that owns the pools of partition n "
+            "(docs/architecture.md, Partitioning the app)"
         )
     return None
 

@@ -136,6 +136,11 @@ class PoolConfig(StrictModel):
         256, description="Sequences each GPU's serving engine runs at once (vLLM "
         "--max-num-seqs): admission never dispatches more, so none waits inside the engine.",
     )
+    partition: Annotated[int, Field(ge=0)] | None = Field(
+        None, description="The admission partition (shard) that owns this pool, below "
+        "kafka.admission_partitions; None: CRC-32 of the pool's name modulo the partitions. "
+        "Every input of the pool is read, and its state kept, on this partition.",
+    )
 
 
 class HysteresisConfig(StrictModel):
@@ -272,8 +277,12 @@ class KafkaConfig(StrictModel):
 
     bootstrap_servers: str = "127.0.0.1:9092"
     topic_prefix: Name = "triage"
-    request_partitions: Annotated[int, Field(ge=1)] = 1
-    admission_partitions: Annotated[int, Field(ge=1)] = 1
+    request_partitions: Annotated[int, Field(ge=1)] = Field(
+        1, description="Partitions of each tenant's request, reply and decision topics; "
+        "equal to admission_partitions (requests are co-partitioned with their pool).")
+    admission_partitions: Annotated[int, Field(ge=1)] = Field(
+        1, description="Shards of the admission app: each pool lives on one partition "
+        "(pools[*].partition), and the consumer group spreads partitions over instances.")
     replication_factor: Annotated[int, Field(ge=1)] = 1
     decisions_retention_ms: Annotated[int, Field(ge=-1)] = 30 * 24 * 3600 * 1000
     default_retention_ms: Annotated[int, Field(ge=-1)] = 7 * 24 * 3600 * 1000
@@ -295,6 +304,10 @@ class AdmissionAppConfig(StrictModel):
     """The Faust admission app's own settings."""
 
     app_id: Name = "triage-admission"
+    instance: Name = Field(
+        "0", description="This process's name in the app's consumer group (static "
+        "membership and its transactional outbox): one per running instance; an instance "
+        "restarted under the same name takes its partitions back at once.")
     datadir: str = "var/admission"
     web_port: Annotated[int, Field(ge=1, le=65535)] = 6066
     dedupe_ttl_s: PositiveFloat = 3600.0
@@ -432,6 +445,13 @@ class TriageConfig(StrictModel):
                 raise ValueError(
                     f"pools[{i}].kv_budget_gib: {p.kv_budget_gib} exceeds the "
                     f"{gpu_types[p.gpu_type].memory_gib} GiB of a {p.gpu_type}"
+                )
+        parts = self.kafka.admission_partitions
+        for i, p in enumerate(self.pools):
+            if p.partition is not None and p.partition >= parts:
+                raise ValueError(
+                    f"pools[{i}].partition: {p.partition} is not below "
+                    f"kafka.admission_partitions ({parts})"
                 )
         for i, m in enumerate(self.models):
             if m.pool not in pools:

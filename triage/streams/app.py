@@ -54,7 +54,8 @@ from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
 from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
-from triage.streams.store import BUCKETS, LEARNED, REQUESTS, MappingStore
+from triage.streams.sharding import ShardedServices
+from triage.streams.store import BUCKETS, LEARNED, REQUESTS
 from triage.topics.admin import TopicSpec, create_topics, ensure_topics, topic_layout
 from triage.topics.messages import Tick
 from triage.topics.names import TopicKind, TopicNames
@@ -77,7 +78,7 @@ class AdmissionApp:
     """The Faust app and what it drives."""
 
     app: faust.App
-    service: AdmissionService
+    shards: ShardedServices
     outbox: KafkaOutbox
     names: TopicNames
     request_topic: Any
@@ -121,36 +122,81 @@ def build_app(
     status_topic = app.topic(names.gpu_status, **raw)
     ticks_topic = app.topic(names.admission, **raw)
 
-    # --- tables (key partitioner: writable from timers; one changelog partition) ----
-    def table(name: str) -> Any:
-        return raw_table(app, name)
+    # --- tables (one changelog partition per shard; see raw_table) -------------------
+    parts = k.admission_partitions
 
-    store = MappingStore(_StrKeys(table(REQUESTS)), _StrKeys(table(BUCKETS)),
-                         _StrKeys(table(LEARNED)))
+    def table(name: str) -> Any:
+        return _StrKeys(raw_table(app, name, parts))
+
     metrics = AdmissionMetrics()
-    service = AdmissionService(config, names=names, outbox=outbox, store=store,
-                               metrics=metrics)
+    shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
+                             tables=(table(REQUESTS), table(BUCKETS), table(LEARNED)))
     health = Health(assigned=lambda: len(app.consumer.assignment()))
     committer = Committer(app, outbox, health)
     gaps = GapGuard()
-    admission = AdmissionApp(app=app, service=service, outbox=outbox, names=names,
+    adopting = asyncio.Lock()
+    admission = AdmissionApp(app=app, shards=shards, outbox=outbox, names=names,
                              request_topic=request_topic, config_path=config_path,
                              subscribed=set(initial), health=health, committer=committer)
     port = config.metrics.admission_port if metrics_port is None else metrics_port
     admission.http_port = metrics.serve(config.metrics.host, port, ready=health.check,
                                         live=health.live)
 
-    # --- recovery: rebuild the core once the tables are back ----------------------------
+    # --- recovery: rebuild each owned shard once its tables are back --------------------
+    def owned() -> set[int]:
+        return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.admission}
+
+    async def adopt(partition: int) -> AdmissionService:
+        """The service of `partition`, rebuilt from the tables if this process has none
+        (assigned by the group now, or an event of it came first)."""
+        async with adopting:
+            svc = shards.get(partition)
+            if svc is not None:
+                return svc
+            if parts == 1:
+                gaps.start_at(await asyncio.to_thread(
+                    committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed)))
+                shards.adopt(0, time.time())
+            else:
+                committed = await asyncio.to_thread(outbox.committed_for, partition)
+                gaps.start_at(await asyncio.to_thread(
+                    committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed),
+                    [partition]))
+                shards.adopt(partition, time.time(), committed)
+            outbox.mark_partitions.add(0 if parts == 1 else partition)
+            adopted = shards.get(partition)
+            assert adopted is not None
+            return adopted
+
+    async def owner(partition: int) -> AdmissionService:
+        svc = shards.get(partition)
+        return svc if svc is not None else await adopt(partition)
+
     @app.on_rebalance_complete.connect
     async def _rebuilt(sender: Any, /, *_args: Any, signal: Any, **_kw: Any) -> None:
-        if not admission.restored:
+        first = not admission.restored
+        if first:
             committer.install()
-            gaps.start_at(await asyncio.to_thread(committed_offsets, k.bootstrap_servers,
-                                                  app_id, sorted(admission.subscribed)))
-            service.restore(time.time())
+        mine = owned()
+        for n in [n for n in shards.services if n not in mine]:
+            shards.drop(n)
+        for n in sorted(mine):
+            if shards.get(n) is None:
+                await adopt(n)
+            else:  # kept across the rebalance: its batches are marked again
+                outbox.mark_partitions.add(n)
+        if first:
             freeze_heap()
             admission.restored = health.restored = True
             health.ticked()
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender: Any, /, *args: Any, signal: Any, **_kw: Any) -> None:
+        # Faust has flushed (so the outbox committed) what the revoked shards staged; from
+        # here until they are assigned again no batch of ours speaks for them
+        for tp in args[0] if args else ():
+            if tp.topic == names.admission:
+                outbox.mark_partitions.discard(tp.partition)
 
     @app.on_before_shutdown.connect
     async def _stopping(sender: Any, /, *_args: Any, **_kw: Any) -> None:
@@ -163,6 +209,7 @@ def build_app(
         async for event in stream.events():
             await ebb()  # see "Priority under a request flood" in docs/architecture.md
             msg = event.message
+            service = await owner(msg.partition)
             skipped = gaps.check(msg.topic, msg.partition, msg.offset)
             if skipped is not None:  # see gaps.py: read what Faust jumped over first
                 start, end = skipped
@@ -182,33 +229,43 @@ def build_app(
     async def completions(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
+            service = await owner(msg.partition)
             service.on_completion(event.value, key=event.key, partition=msg.partition,
                                   offset=msg.offset, now=time.time())
 
-    guard = HeartbeatGuard(time.monotonic)
-    status_tp = TP(names.gpu_status, 0)
+    guards: dict[int, HeartbeatGuard] = {}  # per status partition (shard)
+
+    def guard_of(partition: int) -> HeartbeatGuard:
+        g = guards.get(partition)
+        if g is None:
+            g = guards[partition] = HeartbeatGuard(time.monotonic)
+        return g
 
     @app.agent(status_topic, concurrency=1)
     async def heartbeats(stream: Any) -> None:
         async for event in stream.events():
             msg = event.message
-            guard.seen(event.key, event.value, msg.offset)
+            service = await owner(msg.partition)
+            guard_of(msg.partition).seen(event.key, event.value, msg.offset)
             service.on_status(event.value, key=event.key, partition=msg.partition,
                               offset=msg.offset, now=time.time())
 
-    def status_highwater() -> int | None:
+    def status_highwater(partition: int) -> int | None:
         try:
-            hw = app.consumer.highwater(status_tp)
+            hw = app.consumer.highwater(TP(names.gpu_status, partition))
         except Exception:  # not assigned yet, or mid-rebalance
             return None
         return hw if isinstance(hw, int) else None
 
     @app.agent(ticks_topic, concurrency=1)
     async def ticks(stream: Any) -> None:
-        async for _event in stream.events():
-            if admission.restored:
+        async for event in stream.events():
+            n = event.message.partition
+            service = shards.get(n)
+            if admission.restored and service is not None:
                 now = time.time()
-                if guard.should_refresh(status_highwater()):
+                guard = guard_of(n)
+                if guard.should_refresh(status_highwater(n)):
                     for value in list(guard.last.values()):  # see liveness.py
                         service.on_status(value, now=now)
                 service.on_tick(now)
@@ -219,8 +276,9 @@ def build_app(
     async def tick() -> None:
         health.beat()
         if admission.restored:
-            outbox.send_internal(names.admission, b"tick",
-                                 Tick(at_ms=int(time.time() * 1000)).to_bytes())
+            tick = Tick(at_ms=int(time.time() * 1000)).to_bytes()
+            for n in sorted(shards.services):  # every shard held ticks on its own partition
+                outbox.send_internal(names.admission, b"tick", tick, n if parts > 1 else -1)
 
     @app.task
     async def commit_outputs() -> None:
@@ -237,7 +295,7 @@ def build_app(
         try:
             changed = await asyncio.to_thread(_reload_config, admission)
             if changed is not None:  # applied by the next tick, inside an event
-                service.reconfigure(changed)
+                shards.reconfigure(changed)
             new = await asyncio.to_thread(_new_request_topics, admission)
             if new:
                 _subscribe(admission, new)
@@ -285,7 +343,7 @@ class Committer:
         async with self.lock:
             if outbox.confirmed >= target:
                 return
-            if outbox.seq > target:  # sealed by a drain that failed
+            if outbox.sealed >= target:  # sealed by a drain that failed
                 raise OutboxStoppedError(f"batch {target} was not committed")
             seq, batch = outbox.seal()
             assert self._faust_flush is not None
@@ -336,7 +394,7 @@ def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[s
 
 def _new_request_topics(admission: AdmissionApp) -> list[str]:
     """Request topics on the broker that the app does not read yet (new tenants)."""
-    found = _request_topics_on_broker(admission.service.config, admission.names)
+    found = _request_topics_on_broker(admission.shards.config, admission.names)
     return sorted(t for t in found if t not in admission.subscribed)
 
 
@@ -344,7 +402,7 @@ def _subscribe(admission: AdmissionApp, topics: list[str]) -> None:
     """Add topics to the request agent's subscription (Faust resubscribes and rebalances),
     making sure each new tenant can be answered (its reply topic exists)."""
     names = admission.names
-    config = admission.service.config
+    config = admission.shards.config
     template = next(s for s in topic_layout(config, names) if s.kind is TopicKind.REPLIES)
     replies = [
         TopicSpec(names.replies(tenant), TopicKind.REPLIES, template.partitions,
@@ -375,7 +433,7 @@ def _reload_config(admission: AdmissionApp) -> TriageConfig | None:
     if last is None or mtime == last:
         return None
     try:
-        changed = tenant_change(admission.service.config, load_config(path))
+        changed = tenant_change(admission.shards.config, load_config(path))
     except Exception as exc:  # a bad edit must not stop admission
         log.error("config reload failed, keeping the running config: %s", exc)
         return None

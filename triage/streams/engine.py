@@ -73,10 +73,12 @@ def start_outbox(config: TriageConfig, app_id: str) -> KafkaOutbox:
     """The app's transactional outbox (and its marks topic), started."""
     k = config.kafka
     marks = f"{app_id}.outbox"
-    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, 1,
+    shards = k.admission_partitions
+    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, shards,
                                                   k.replication_factor)])
-    outbox = KafkaOutbox(k.bootstrap_servers, transactional_id=f"{app_id}.outbox",
-                         marks_topic=marks)
+    outbox = KafkaOutbox(k.bootstrap_servers,
+                         transactional_id=f"{app_id}.outbox{instance_suffix(config)}",
+                         marks_topic=marks, shards=shards)
     outbox.start()
     return outbox
 
@@ -93,13 +95,16 @@ def faust_app(
         broker_credentials=faust_credentials(k.security),
         # Static membership: a restarted app (same instance id) gets its partitions back
         # at once instead of waiting out the dead member's session (docs/reliability.md).
-        consumer_group_instance_id=(f"{app_id}.instance" if config.admission.static_membership
-                                    else None),
+        consumer_group_instance_id=(f"{app_id}.instance{instance_suffix(config)}"
+                                    if config.admission.static_membership else None),
         broker_session_timeout=config.admission.session_timeout_s,
         broker_heartbeat_interval=min(3.0, config.admission.session_timeout_s / 5),
         store="rocksdb://",
         datadir=datadir,
-        topic_partitions=1,
+        topic_partitions=k.admission_partitions,
+        # a warm copy of every changelog partition on another instance: a failover
+        # replays the tail of a changelog, not all of it
+        table_standby_replicas=1,
         topic_replication_factor=k.replication_factor,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
@@ -117,11 +122,20 @@ RAW_TOPIC: dict[str, Any] = {"key_type": bytes, "value_type": bytes, "key_serial
                              "value_serializer": "raw"}
 
 
-def raw_table(app: faust.App, name: str) -> Any:
-    """A table of raw bytes with one changelog partition, keyed by its own partitioner (so
-    that timers can write it too)."""
-    t: Any = app.Table(name, default=None, partitions=1, use_partitioner=True,
-                       key_type=bytes, value_type=bytes)
+def instance_suffix(config: TriageConfig) -> str:
+    """What tells this instance's group and transactional ids from its siblings' (none for
+    instance "0", so an unsharded app keeps the ids it always had)."""
+    name = config.admission.instance
+    return "" if name == "0" else f"-{name}"
+
+
+def raw_table(app: faust.App, name: str, partitions: int = 1) -> Any:
+    """A table of raw bytes. One partition: keyed by its own partitioner (every write
+    lands on partition 0). Sharded: each write goes to the partition of the event being
+    handled, so a shard's state lives on its own partition (writes happen in events only:
+    the clock ticks through Kafka)."""
+    t: Any = app.Table(name, default=None, partitions=partitions,
+                       use_partitioner=partitions == 1, key_type=bytes, value_type=bytes)
     # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
     t.key_serializer = "raw"
     t.value_serializer = "raw"

@@ -48,12 +48,15 @@ class GapGuard:
         return None
 
 
-def committed_offsets(bootstrap: str, group: str, topics: Iterable[str]) -> dict[Key, int]:
-    """The group's committed offsets (partition 0 of each topic: request topics have one);
-    empty when the broker cannot say (the guard then starts at the first offset seen)."""
+def committed_offsets(bootstrap: str, group: str, topics: Iterable[str],
+                      partitions: Iterable[int] = (0,)) -> dict[Key, int]:
+    """The group's committed offsets of `partitions` of each topic (a shard's: the same
+    partition number of every request topic); empty when the broker cannot say (the guard
+    then starts at the first offset seen)."""
     c = make_consumer(bootstrap, group, log_level=3)
+    parts = list(partitions)
     try:
-        tps = c.committed([TopicPartition(t, 0) for t in topics], timeout=10.0)
+        tps = c.committed([TopicPartition(t, n) for t in topics for n in parts], timeout=10.0)
         return {(tp.topic, tp.partition): tp.offset for tp in tps if tp.error is None}
     except Exception as exc:  # a transport error: no guard start, not no app
         log.warning("could not read committed offsets of %s: %s", group, exc)

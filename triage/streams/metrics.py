@@ -52,6 +52,9 @@ class AdmissionMetrics:
         self.duplicates = Counter(
             "triage_duplicate_requests", "Redelivered request ids answered from the record.",
             ["tenant"], registry=r)
+        self.forwarded = Counter(
+            "triage_forwarded", "Inputs read on another shard's partition (a producer that "
+            "did not route by pool) and sent on to their own.", ["topic"], registry=r)
         self.handler_errors = Counter(
             "triage_handler_errors", "Messages whose handler raised: dead-lettered (a "
             "request naming a fresh id also answered `invalid`); the agent went on.",

@@ -30,7 +30,7 @@ from triage.topics.messages import Message, OutboxMark
 
 log = logging.getLogger(__name__)
 
-Output = tuple[str, bytes | None, bytes]  # topic, key, value
+Output = tuple[str, bytes | None, bytes, int]  # topic, key, value, partition (-1: by key)
 Pending = tuple[int, str, bytes]  # batch, topic, value (keyed by the record's id)
 MARK_KEY = b"commit"
 TXN_TIMEOUT_MS = 300_000
@@ -45,6 +45,8 @@ class Outbox(Protocol):
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None: ...
 
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None: ...
+
     def pending_for(self, key: str) -> list[Pending]: ...
 
     @property
@@ -55,7 +57,9 @@ class Outbox(Protocol):
 
     def resume_after(self, committed: int, highest_seen: int = 0) -> None: ...
 
-    def replay(self, key: str, outputs: Iterable[Pending]) -> int: ...
+    def advance_past(self, highest_seen: int) -> None: ...
+
+    def replay(self, key: str, outputs: Iterable[Pending], after: int | None = None) -> int: ...
 
     def flush(self, timeout_s: float = 10.0) -> int: ...
 
@@ -66,6 +70,7 @@ class BatchedOutbox:
     def __init__(self) -> None:
         self.seq = 1  # the batch being filled
         self.confirmed = 0  # the last batch known committed
+        self.sealed = 0  # the last batch sealed (committed, or being committed)
         self._staged: list[Output] = []
         self._pending: dict[bytes, list[Pending]] = {}
         self.sent = 0
@@ -75,9 +80,16 @@ class BatchedOutbox:
         self.send_raw(topic, key.encode(), message.to_bytes())
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self._staged.append((topic, key, value))
+        self._staged.append((topic, key, value, -1))
         if key is not None:
             self._pending.setdefault(key, []).append((self.seq, topic, value))
+        self.sent += 1
+
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """An input read on the wrong shard, sent on to its own partition in this batch.
+        Nothing to replay: until the batch commits the input's offset is not committed
+        either, so a crash reads (and forwards) it again."""
+        self._staged.append((topic, key, value, partition))
         self.sent += 1
 
     def pending_for(self, key: str) -> list[Pending]:
@@ -89,14 +101,24 @@ class BatchedOutbox:
 
     def resume_after(self, committed: int, highest_seen: int = 0) -> None:
         """After recovery: batches up to `committed` are out; number new ones above both."""
-        self.confirmed = committed
+        self.confirmed = self.sealed = committed
         self.seq = max(committed, highest_seen) + 1
 
-    def replay(self, key: str, outputs: Iterable[Pending]) -> int:
-        """Stage again what a recovered record caused in batches that never committed."""
+    def advance_past(self, highest_seen: int) -> None:
+        """A shard taken over mid-run: number the batch being filled (and every later one)
+        above every batch its records name, so that its partition's markers keep growing
+        whoever owns it. Only ever moves up; what is staged just moves with the batch."""
+        if highest_seen >= self.seq:
+            self.seq = highest_seen + 1
+
+    def replay(self, key: str, outputs: Iterable[Pending], after: int | None = None) -> int:
+        """Stage again what a recovered record caused in batches that never committed
+        (above `after`, the last batch committed for the record's shard; default: this
+        process's)."""
         n = 0
+        last = self.confirmed if after is None else after
         for seq, topic, value in outputs:
-            if seq > self.confirmed:
+            if seq > last:
                 self.send_raw(topic, key.encode(), value)
                 n += 1
         self.replayed += n
@@ -107,6 +129,7 @@ class BatchedOutbox:
         seq, batch = self.seq, self._staged
         self._staged = []
         self.seq += 1
+        self.sealed = seq
         return seq, batch
 
     def confirm(self, seq: int) -> None:
@@ -123,11 +146,16 @@ class BatchedOutbox:
 class KafkaOutbox(BatchedOutbox):
     """The production outbox: one transaction per batch, with a marker on `marks_topic`."""
 
-    def __init__(self, bootstrap: str, *, transactional_id: str, marks_topic: str) -> None:
+    def __init__(self, bootstrap: str, *, transactional_id: str, marks_topic: str,
+                 shards: int = 1) -> None:
         super().__init__()
+        self.shards = shards
         self._bootstrap = bootstrap
         self._txn_id = transactional_id
         self.marks_topic = marks_topic
+        # the marks partitions (shards) each batch's marker goes to: those this process
+        # owns, so each shard's last committed batch is read from its own partition
+        self.mark_partitions: set[int] = {0} if shards == 1 else set()
         self._plain = make_producer(bootstrap, **{"linger.ms": 5,
                                                   "delivery.report.only.error": True})
         self._producer: object | None = None
@@ -140,7 +168,9 @@ class KafkaOutbox(BatchedOutbox):
         """Fence any earlier incarnation (aborting its open transaction) and return the
         last committed batch. Retries while the broker is unreachable."""
         self._producer = self._new_producer()
-        committed = self._retry("read the outbox marker", self._last_marker)
+        # unsharded, the app's one shard is read now; sharded, each shard's when it is
+        # assigned (a fresh process has committed nothing of its own yet)
+        committed = self.committed_for(0) if self.shards == 1 else 0
         self.resume_after(committed)
         log.info("outbox: last committed batch %d", committed)
         return committed
@@ -184,16 +214,20 @@ class KafkaOutbox(BatchedOutbox):
                 raise OutboxStoppedError(what)
             attempt += 1
 
-    def _last_marker(self) -> int:
+    def committed_for(self, shard: int) -> int:
+        """The last batch committed for `shard` (its marks partition; blocking, retried)."""
+        return self._retry("read the outbox marker", lambda: self._last_marker(shard))
+
+    def _last_marker(self, partition: int) -> int:
         """The batch named by the last committed marker (0 when there is none)."""
         c = make_consumer(self._bootstrap, f"{self._txn_id}.marks", **{
             "isolation.level": "read_committed", "enable.partition.eof": True})
         try:
-            tp = TopicPartition(self.marks_topic, 0)
+            tp = TopicPartition(self.marks_topic, partition)
             low, high = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
             if high <= low:
                 return 0
-            c.assign([TopicPartition(self.marks_topic, 0, max(low, high - 64))])
+            c.assign([TopicPartition(self.marks_topic, partition, max(low, high - 64))])
             last = 0
             deadline = time.monotonic() + 30.0
             while time.monotonic() < deadline:
@@ -212,11 +246,11 @@ class KafkaOutbox(BatchedOutbox):
             c.close()
 
     # --- sending ----------------------------------------------------------------------
-    def send_internal(self, topic: str, key: bytes, value: bytes) -> None:
+    def send_internal(self, topic: str, key: bytes, value: bytes, partition: int = -1) -> None:
         """A message outside any batch (clock ticks): never replayed, never waited for."""
         # a tick dropped while the broker is away is fine: the next one follows
         with contextlib.suppress(BufferError):
-            self._plain.produce(topic, value=value, key=key)
+            self._plain.produce(topic, value=value, key=key, partition=partition)
         self._plain.poll(0)
 
     def poll(self) -> None:
@@ -232,9 +266,11 @@ class KafkaOutbox(BatchedOutbox):
         p: object = self._producer
         try:
             p.begin_transaction()  # type: ignore[attr-defined]
-            for topic, key, value in batch:
-                self._produce(p, topic, key, value)
-            self._produce(p, self.marks_topic, MARK_KEY, OutboxMark(seq=seq).to_bytes())
+            for topic, key, value, partition in batch:
+                self._produce(p, topic, key, value, partition)
+            mark = OutboxMark(seq=seq).to_bytes()
+            for shard in sorted(self.mark_partitions):
+                self._produce(p, self.marks_topic, MARK_KEY, mark, shard)
             while True:
                 try:
                     p.commit_transaction(30.0)  # type: ignore[attr-defined]
@@ -256,10 +292,12 @@ class KafkaOutbox(BatchedOutbox):
                     self._producer = self._new_producer()
             raise
 
-    def _produce(self, p: object, topic: str, key: bytes | None, value: bytes) -> None:
+    def _produce(self, p: object, topic: str, key: bytes | None, value: bytes,
+                 partition: int = -1) -> None:
         while True:
             try:
-                p.produce(topic, value=value, key=key)  # type: ignore[attr-defined]
+                p.produce(topic, value=value, key=key,  # type: ignore[attr-defined]
+                          partition=partition)
                 return
             except BufferError:  # local queue full: let librdkafka drain, then retry
                 p.poll(0.05)  # type: ignore[attr-defined]
@@ -281,15 +319,20 @@ class ListOutbox(BatchedOutbox):
         super().__init__()
         self.messages: list[tuple[str, str | None, bytes]] = []
         self.published: list[tuple[str, str | None, bytes]] = []
+        self.forwarded: list[tuple[str, int, bytes]] = []  # topic, partition, value
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         super().send_raw(topic, key, value)
         self.messages.append((topic, key.decode() if key else None, value))
 
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        super().forward(topic, partition, key, value)
+        self.forwarded.append((topic, partition, value))
+
     def commit(self) -> int:
         """Seal and 'publish' the current batch; returns its number."""
         seq, batch = self.seal()
-        self.published.extend((t, k.decode() if k else None, v) for t, k, v in batch)
+        self.published.extend((t, k.decode() if k else None, v) for t, k, v, _ in batch)
         self.confirm(seq)
         return seq
 

@@ -36,6 +36,7 @@ from triage.topics.messages import (
 )
 from triage.topics.names import TopicNames
 from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.shards import Shard, shard_of_pool
 from triage.topics.validation import Invalid, Unparseable, check_request, parse_request
 
 log = logging.getLogger(__name__)
@@ -74,15 +75,19 @@ class AdmissionService:
     def __init__(
         self, config: TriageConfig, *, names: TopicNames, outbox: Outbox, store: StateStore,
         metrics: AdmissionMetrics | None = None, expect_heartbeats: bool = True,
+        shard: Shard | None = None,
     ) -> None:
+        """`shard`: the one partition of a sharded app this service decides for (its
+        pools; the store is then that shard's view). None: every pool."""
         self.config = config
+        self.shard = shard
         self.names = names
         self.outbox = outbox
         self.store = store
         store.carry_outputs(outbox.pending_for)  # every record carries its uncommitted outputs
         self.metrics = metrics or AdmissionMetrics()
         self.expect_heartbeats = expect_heartbeats
-        self.core = AdmissionCore(config, expect_heartbeats=expect_heartbeats)
+        self.core = self._new_core()
         self._side: dict[str, _Side] = {}
         self._done: deque[tuple[float, str]] = deque()  # dedupe records, oldest first
         self._dirty_buckets: set[str] = set()
@@ -98,11 +103,19 @@ class AdmissionService:
         self._failures = FailureLog(self.metrics)
 
     # --- recovery -------------------------------------------------------------------
-    def restore(self, now: float, *, replay: bool = True) -> dict[str, int]:
+    def _new_core(self) -> AdmissionCore:
+        return AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats,
+                             pools=None if self.shard is None else self.shard.pools)
+
+    def restore(self, now: float, *, replay: bool = True,
+                committed: int | None = None) -> dict[str, int]:
         """Rebuild the core and the in-memory indexes from the tables (after recovery).
         `replay=False` while running (a tenant removed): unconfirmed outputs are still
-        on their way in the outbox's own batches, so they are not staged again."""
-        self.core = AdmissionCore(self.config, expect_heartbeats=self.expect_heartbeats)
+        on their way in the outbox's own batches, so they are not staged again.
+        `committed`: the last batch committed for this service's shard, when the shard
+        is taken over mid-run (its records name another owner's batches); None: the
+        outbox's own, read at its start."""
+        self.core = self._new_core()
         self._side.clear()
         self._done.clear()
         counts = {"buckets": 0, "queued": 0, "running": 0, "done": 0, "requeued": 0,
@@ -119,9 +132,12 @@ class AdmissionService:
             highest = max(highest, env.tenant_bucket.stamp[0] if env.tenant_bucket else 0,
                           *(seq for seq, _, _ in env.outputs))
         if replay:  # batches are numbered above anything stored; uncommitted outputs again
-            self.outbox.resume_after(self.outbox.confirmed, highest)
+            if committed is None:
+                self.outbox.resume_after(self.outbox.confirmed, highest)
+            else:
+                self.outbox.advance_past(max(highest, committed))
             for rid, env in envelopes:
-                counts["replayed"] += self.outbox.replay(rid, env.outputs)
+                counts["replayed"] += self.outbox.replay(rid, env.outputs, committed)
         for _rid, env in envelopes:
             rec = LiveRequest.from_bytes(env.record)
             b = env.tenant_bucket
@@ -228,8 +244,12 @@ class AdmissionService:
         offset: int | None, now: float,
     ) -> None:
         tenant = self.names.tenant_of_request_topic(topic) or "unknown"
-        self.metrics.child(self.metrics.requests, tenant).inc()
         parsed = parse_request(value, max_bytes=self.config.admission.max_message_bytes)
+        if not isinstance(parsed, (Unparseable, Invalid)) and self._forwarded(
+            topic, partition, key, value or b"", self._pool_of_model(parsed.model)
+        ):
+            return
+        self.metrics.child(self.metrics.requests, tenant).inc()
         if isinstance(parsed, Unparseable):
             self._refusals.dead_letter(topic, partition, offset, key, value, parsed.error,
                                        "gate", now)
@@ -267,6 +287,24 @@ class AdmissionService:
         self._side[rid] = _Side(req.prompt, dict(req.metadata), req.stream, req.messages)
         self._emit(decisions, now, arrival=p)
 
+    def _pool_of_model(self, model: str) -> str | None:
+        m = self.config.models_by_name.get(model)
+        return None if m is None else m.pool
+
+    def _forwarded(self, topic: str, partition: int | None, key: bytes | None, value: bytes,
+                   pool: str | None) -> bool:
+        """A sharded app's input for a configured pool of another shard (a producer that
+        did not route it): sent on to that shard's partition, in this batch."""
+        if self.shard is None or pool is None or pool in self.shard.pools \
+                or pool not in self.config.pools_by_name:
+            return False
+        target = shard_of_pool(self.config, pool)
+        if target == partition:
+            return False  # on its own partition already: the config changed under it
+        self.outbox.forward(topic, target, key, value)
+        self.metrics.forwarded.labels(topic).inc()
+        return True
+
     def on_completion(self, value: bytes | None, *, key: bytes | None = None,
                       partition: int | None = None, offset: int | None = None,
                       now: float) -> None:
@@ -293,6 +331,9 @@ class AdmissionService:
 
     def _on_completion(self, c: Completion, now: float) -> None:
         d = self.core.dispatchers.get(c.pool)
+        if d is None and self._forwarded(self.names.completions, None, c.request_id.encode(),
+                                         c.to_bytes(), c.pool):
+            return
         if d is None:
             log.warning("completion for unknown pool %r (%s)", c.pool, c.request_id)
             return
@@ -338,6 +379,9 @@ class AdmissionService:
                                        str(exc), "status", now)
             return
         d = self.core.dispatchers.get(st.pool)
+        if d is None and self._forwarded(self.names.gpu_status, partition, key, value or b"",
+                                         st.pool):
+            return
         if d is None:
             log.warning("heartbeat from %s for unknown pool %r", st.gpu_id, st.pool)
             return

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 import orjson
 
 from triage.topics.messages import BucketState, LiveRequest
+from triage.topics.shards import Shard
 
 REQUESTS = "requests"  # request_id -> LiveRequest (queued, running, done for dedupe)
 BUCKETS = "buckets"  # tenant -> BucketState
@@ -102,6 +103,37 @@ class StateStore(Protocol):
     def get_learned(self, key: str) -> dict[str, Any] | None: ...
 
 
+class ShardKeys(MutableMapping[str, Any]):
+    """One shard's slice of a table shared by the shards of this process: its keys carry
+    the shard's prefix, and iteration sees only them (Shard.key)."""
+
+    def __init__(self, table: MutableMapping[str, Any], shard: Shard) -> None:
+        self._t = table
+        self._shard = shard
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._t.get(self._shard.key(key), default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._t[self._shard.key(key)]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._t[self._shard.key(key)] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._t[self._shard.key(key)]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self._shard.key(key) in self._t
+
+    def __iter__(self) -> Iterator[str]:
+        shard = self._shard
+        return (shard.local(k) for k in list(self._t) if shard.owns_key(k))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 class MappingStore:
     """A StateStore over three str->bytes mappings: dicts, or Faust tables (whose
     assignment `table[k] = v` is what reaches the changelog)."""
@@ -124,6 +156,14 @@ class MappingStore:
     @classmethod
     def in_memory(cls) -> MappingStore:
         return cls({}, {}, {})
+
+    @classmethod
+    def for_shard(cls, tables: tuple[MutableMapping[str, Any], MutableMapping[str, Any],
+                                     MutableMapping[str, Any]], shard: Shard) -> MappingStore:
+        """The store of one shard over the (requests, buckets, learned) tables."""
+        requests, buckets, learned = tables
+        return cls(ShardKeys(requests, shard), ShardKeys(buckets, shard),
+                   ShardKeys(learned, shard))
 
     def get_request(self, request_id: str) -> LiveRequest | None:
         raw = self.get_request_raw(request_id)

@@ -65,11 +65,11 @@ class CreateResult:
 def topic_layout(config: TriageConfig, names: TopicNames | None = None) -> list[TopicSpec]:
     """Every topic for the configured tenants and GPUs, with partitions and configs.
 
-    Requests, replies and decisions are keyed by request id and spread over
-    `request_partitions`. Admission and completions are keyed by pool and share
-    `admission_partitions`, so a pool's dispatcher reads both from the same
-    partition number (Faust tables need co-partitioned inputs). Per-GPU topics
-    have one partition: one worker per GPU, in order.
+    Every input of the admission app (requests, admission ticks, completions, GPU
+    status) has `admission_partitions` partitions (`request_partitions` equals it):
+    partition n of each is shard n, the pools of topics/shards.py (Faust tables need
+    co-partitioned inputs). Replies and decisions are keyed by request id. Per-GPU
+    topics have one partition: one worker per GPU, in order.
     """
     k = config.kafka
     tn = names if names is not None else TopicNames(k.topic_prefix)
@@ -88,7 +88,8 @@ def topic_layout(config: TriageConfig, names: TopicNames | None = None) -> list[
         specs.append(TopicSpec(tn.gpu_work(gpu), TopicKind.GPU_WORK, 1, rf, keep))
         specs.append(TopicSpec(tn.gpu_control(gpu), TopicKind.GPU_CONTROL, 1, rf, keep))
     compact = {"cleanup.policy": "compact", "segment.ms": str(_STATUS_SEGMENT_MS)}
-    specs.append(TopicSpec(tn.gpu_status, TopicKind.GPU_STATUS, 1, rf, compact))
+    specs.append(TopicSpec(tn.gpu_status, TopicKind.GPU_STATUS, k.admission_partitions, rf,
+                           compact))
     specs.append(TopicSpec(tn.completions, TopicKind.COMPLETIONS, k.admission_partitions, rf, keep))
     audit = {"cleanup.policy": "delete", "retention.ms": str(k.decisions_retention_ms)}
     specs.append(TopicSpec(tn.decisions, TopicKind.DECISIONS, k.request_partitions, rf, audit))

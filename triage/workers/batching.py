@@ -34,8 +34,10 @@ class CompletionBatcher:
 
     def __init__(self, producer: AsyncProducer, topic: str, loop: asyncio.AbstractEventLoop, *,
                  max_items: int, linger_s: float,
-                 on_message: Callable[[], None] | None = None) -> None:  # fmt: skip
+                 on_message: Callable[[], None] | None = None,
+                 partition: int = -1) -> None:  # fmt: skip
         self._producer = producer
+        self._partition = partition  # the pool's shard (-1: by key)
         self._topic = topic
         self._loop = loop
         self._max_items = max_items
@@ -71,7 +73,7 @@ class CompletionBatcher:
         message: Message = p.items[0] if len(p.items) == 1 else CompletionBatch(completions=p.items)
         if self._on_message is not None:
             self._on_message()
-        delivery = self._producer.send(self._topic, key, message)
+        delivery = self._producer.send(self._topic, key, message, self._partition)
         futures = p.futures
         delivery.add_done_callback(lambda d: _fan_out(d, futures))
 

@@ -29,7 +29,9 @@ class AsyncProducer:
         self._thread = threading.Thread(target=self._poll, name="worker-producer", daemon=True)
         self._thread.start()
 
-    def send(self, topic: str, key: str, message: Message) -> asyncio.Future[None]:
+    def send(self, topic: str, key: str, message: Message,
+             partition: int = -1) -> asyncio.Future[None]:
+        """`partition`: where it must go (a shard's input); -1: by key."""
         fut: asyncio.Future[None] = self._loop.create_future()
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
@@ -39,7 +41,8 @@ class AsyncProducer:
         value = message.to_bytes()
         while True:
             try:
-                self._producer.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
+                self._producer.produce(topic, key=key.encode(), value=value, partition=partition,
+                                       on_delivery=delivered)
                 return fut
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self._producer.poll(0.05)

@@ -40,6 +40,7 @@ from triage.topics.messages import (
 )
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode, ReplyStatus
+from triage.topics.shards import shard_of_pool
 from triage.workers.backends.base import AttemptResult, AttemptStatus, Backend, epoch_ms
 from triage.workers.batching import CompletionBatcher
 from triage.workers.delivery import BoundedIdSet, OffsetTracker, completed_work_ids
@@ -91,6 +92,7 @@ class Worker:
         self.config = config
         self.gpu_id = gpu_id
         self.pool = pool
+        self.shard = shard_of_pool(config, pool.name)  # its completions' and heartbeats' partition
         self.backend = backend
         self.options = opts = options or WorkerOptions()
         self.bootstrap = opts.bootstrap or config.kafka.bootstrap_servers
@@ -158,7 +160,8 @@ class Worker:
                                               self._loop, max_items=w.completion_batch_max,
                                               linger_s=w.completion_linger_ms / 1000.0,
                                               on_message=self.metrics.completion_messages
-                                              .labels(self.gpu_id).inc)
+                                              .labels(self.gpu_id).inc,
+                                              partition=self.shard)
         try:
             seeded = await asyncio.to_thread(completed_work_ids, self.bootstrap,
                                              self.topics.completions, self.gpu_id,
@@ -370,7 +373,7 @@ class Worker:
         load = self.backend.load()
         status = gpu_status(config=self.config, gpu_id=self.gpu_id, reading=reading,
                             load=load, at_ms=epoch_ms(), state=state)  # fmt: skip
-        fut = self._producer.send(self.topics.gpu_status, self.gpu_id, status)
+        fut = self._producer.send(self.topics.gpu_status, self.gpu_id, status, self.shard)
         fut.add_done_callback(_log_failure)
         m, g = self.metrics, self.gpu_id
         m.heartbeats.labels(g).inc()

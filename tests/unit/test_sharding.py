@@ -1,0 +1,138 @@
+"""Shards of the admission app without Kafka: which partition owns which pool, each
+shard's slice of the tables, inputs read on the wrong shard sent on, and each shard's
+recovery seeing only its own state (the Faust wiring runs in tests/integration)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from _core_factory import model, tenant
+from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
+
+from triage.config.models import TriageConfig
+from triage.streams.metrics import AdmissionMetrics
+from triage.streams.outbox import ListOutbox
+from triage.streams.sharding import ShardedServices
+from triage.streams.store import MappingStore, ShardKeys
+from triage.topics.messages import Completion, CompletionStatus, InferenceRequest, LiveState
+from triage.topics.names import TopicNames
+from triage.topics.shards import Shard, shard_of_model, shard_of_pool
+
+NAMES = TopicNames("t")
+
+
+def _config(partitions: int = 2, **pool_kw: Any) -> TriageConfig:
+    pool = {"gpu_type": "g", "kv_budget_gib": 1.0, "queue_max": 100}
+    return TriageConfig.model_validate({
+        "tenants": [tenant("a", rate_tokens_per_s=100.0, burst_tokens=50_000.0)],
+        "models": [model("m1", pool="p1"), model("m2", pool="p2")],
+        "gpu_types": [{"name": "g", "memory_gib": 80, "speed": 1.0}],
+        "pools": [{"name": "p1", "gpus": ["g0"], "partition": 0, **pool, **pool_kw},
+                  {"name": "p2", "gpus": ["g1"], "partition": 1 % partitions, **pool}],
+        "kafka": {"request_partitions": partitions, "admission_partitions": partitions},
+    })
+
+
+def _req(rid: str, m: str) -> bytes:
+    return InferenceRequest(request_id=rid, tenant="a", model=m, prompt_tokens=500,
+                            max_tokens=100).to_bytes()
+
+
+def _sharded(cfg: TriageConfig, tables: tuple[dict[str, Any], ...] | None = None,
+             ) -> tuple[ShardedServices, ListOutbox]:
+    out = ListOutbox()
+    t = tables if tables is not None else ({}, {}, {})
+    s = ShardedServices(cfg, names=NAMES, outbox=out, tables=(t[0], t[1], t[2]),
+                        metrics=AdmissionMetrics(CollectorRegistry()), expect_heartbeats=False)
+    return s, out
+
+
+def test_pools_map_to_their_configured_partition_or_a_stable_hash() -> None:
+    cfg = _config()
+    assert shard_of_pool(cfg, "p1") == 0 and shard_of_pool(cfg, "p2") == 1
+    assert shard_of_model(cfg, "m2") == 1 and shard_of_model(cfg, "nobody") == 0
+    # a pool with no partition of its own, or no longer configured, hashes the same way
+    # every time (its records are found where they were written)
+    assert shard_of_pool(cfg, "gone") == shard_of_pool(_config(), "gone") in (0, 1)
+    assert shard_of_pool(_config(partitions=1), "p2") == 0
+
+
+def test_a_partition_beyond_the_shards_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"pools\[0\].partition: 5 is not below"):
+        _config(partition=5)
+
+
+def test_a_shard_sees_only_its_own_keys_and_shard_zero_keeps_the_plain_layout() -> None:
+    table: dict[str, Any] = {}
+    zero, one = ShardKeys(table, Shard(0, frozenset())), ShardKeys(table, Shard(1, frozenset()))
+    zero["r1"] = b"x"
+    one["r1"] = b"y"
+    one["r2"] = b"z"
+    assert table == {"r1": b"x", "1/r1": b"y", "1/r2": b"z"}
+    assert list(zero) == ["r1"] and sorted(one) == ["r1", "r2"]
+    assert zero["r1"] == b"x" and one.get("r1") == b"y" and "r2" not in zero
+    del one["r2"]
+    assert len(one) == 1 and len(zero) == 1
+
+
+def test_each_shard_decides_for_its_own_pools_and_sends_the_others_on() -> None:
+    cfg = _config()
+    shards, out = _sharded(cfg)
+    shards.adopt(0, 0.0, committed=0)
+    s0 = shards.get(0)
+    assert s0 is not None and set(s0.core.dispatchers) == {"p1"}
+    s0.on_request(topic="t.requests.a", key=b"r1", value=_req("r1", "m1"), partition=0,
+                  offset=0, now=1.0)
+    s0.on_request(topic="t.requests.a", key=b"r2", value=_req("r2", "m2"), partition=0,
+                  offset=1, now=1.0)
+    assert out.forwarded == [("t.requests.a", 1, _req("r2", "m2"))]
+    assert s0.store.get_request("r2") is None  # the owner of p2 records it, not shard 0
+    rec = s0.store.get_request("r1")
+    assert rec is not None and rec.state is LiveState.RUNNING and rec.pool == "p1"
+    # a completion from a worker that did not route by pool goes the same way
+    c = Completion(request_id="x", attempt=0, tenant="a", model="m2", pool="p2", gpu_id="g1",
+                   gpu_type="g", status=CompletionStatus.COMPLETED, prompt_tokens=1,
+                   output_tokens=1, max_tokens=1, prefill_s=0.0, decode_s=0.0,
+                   started_at_ms=0, finished_at_ms=1)
+    s0.on_completion(c.to_bytes(), now=2.0)
+    assert out.forwarded[-1][:2] == ("t.completions", 1)
+
+
+def test_a_shard_taken_over_restores_only_its_records_and_buckets() -> None:
+    cfg = _config()
+    tables: tuple[dict[str, Any], ...] = ({}, {}, {})
+    first, out = _sharded(cfg, tables)
+    for n in (0, 1):
+        first.adopt(n, 0.0, committed=0)
+    for n, (rid, m) in enumerate((("r1", "m1"), ("r2", "m2"))):
+        svc = first.get(n)
+        assert svc is not None
+        svc.on_request(topic="t.requests.a", key=rid.encode(), value=_req(rid, m),
+                       partition=n, offset=0, now=1.0)
+        svc.on_tick(1.1)  # writes its shard's bucket
+    assert {k for k in tables[0]} == {"r1", "1/r2"}
+    assert {k for k in tables[1]} == {"a", "1/a"}
+    # another process takes shard 1 over, from the same tables, past batch 7 committed
+    second, out2 = _sharded(cfg, tables)
+    counts = second.adopt(1, 2.0, committed=7)
+    svc = second.get(1)
+    assert svc is not None and counts["running"] == 1 and counts["buckets"] == 1
+    assert set(svc.core.dispatchers) == {"p2"} and svc.core.live("r2") and not svc.core.live("r1")
+    assert out2.seq > 7  # its batches are numbered above the shard's last committed one
+    assert second.get(0) is None
+
+
+def test_a_batch_number_only_moves_up_and_replay_reads_the_shards_own_mark() -> None:
+    out = ListOutbox()
+    out.resume_after(10)
+    out.advance_past(4)
+    assert out.seq == 11
+    out.send_raw("t.x", b"k", b"v")
+    out.advance_past(20)  # the staged output moves with its batch
+    assert out.seq == 21 and out.sealed == 10
+    seq, batch = out.seal()
+    assert seq == 21 and batch == [("t.x", b"k", b"v", -1)] and out.sealed == 21
+    # outputs of batches above the shard's last committed batch are sent again
+    assert out.replay("r", [(5, "t.y", b"a"), (9, "t.y", b"b")], after=6) == 1
