@@ -107,7 +107,8 @@ def test_partitions_the_app_cannot_run_are_refused_before_anything_is_created(
     cmd: list[str], configs: dict[str, Path]
 ) -> None:
     res = runner.invoke(app, [*cmd, str(configs["partitions"]), "-b", NOWHERE])
-    _check(res, ExitCode.USAGE, "kafka.request_partitions (4)", "must equal kafka.admission_partitions (1)")
+    _check(res, ExitCode.USAGE, "kafka.request_partitions (4)",
+           "must equal kafka.admission_partitions (1)")
 
 
 # --------------------------------------------------------------------------- bad values

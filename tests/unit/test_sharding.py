@@ -15,7 +15,7 @@ from triage.config.models import TriageConfig
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import ListOutbox
 from triage.streams.sharding import ShardedServices
-from triage.streams.store import MappingStore, ShardKeys
+from triage.streams.store import ShardKeys
 from triage.topics.messages import Completion, CompletionStatus, InferenceRequest, LiveState
 from triage.topics.names import TopicNames
 from triage.topics.shards import Shard, shard_of_model, shard_of_pool
@@ -103,7 +103,7 @@ def test_each_shard_decides_for_its_own_pools_and_sends_the_others_on() -> None:
 def test_a_shard_taken_over_restores_only_its_records_and_buckets() -> None:
     cfg = _config()
     tables: tuple[dict[str, Any], ...] = ({}, {}, {})
-    first, out = _sharded(cfg, tables)
+    first, _out = _sharded(cfg, tables)
     for n in (0, 1):
         first.adopt(n, 0.0, committed=0)
     for n, (rid, m) in enumerate((("r1", "m1"), ("r2", "m2"))):
@@ -112,8 +112,8 @@ def test_a_shard_taken_over_restores_only_its_records_and_buckets() -> None:
         svc.on_request(topic="t.requests.a", key=rid.encode(), value=_req(rid, m),
                        partition=n, offset=0, now=1.0)
         svc.on_tick(1.1)  # writes its shard's bucket
-    assert {k for k in tables[0]} == {"r1", "1/r2"}
-    assert {k for k in tables[1]} == {"a", "1/a"}
+    assert set(tables[0]) == {"r1", "1/r2"}
+    assert set(tables[1]) == {"a", "1/a"}
     # another process takes shard 1 over, from the same tables, past batch 7 committed
     second, out2 = _sharded(cfg, tables)
     counts = second.adopt(1, 2.0, committed=7)

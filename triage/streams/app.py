@@ -159,6 +159,7 @@ def build_app(
                 shards.adopt(0, time.time())
             else:
                 committed = await asyncio.to_thread(outbox.committed_for, partition)
+                gaps.forget(partition)
                 gaps.start_at(await asyncio.to_thread(
                     committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed),
                     [partition]))
@@ -180,6 +181,8 @@ def build_app(
         mine = owned()
         for n in [n for n in shards.services if n not in mine]:
             shards.drop(n)
+            if parts > 1:
+                gaps.forget(n)
         for n in sorted(mine):
             if shards.get(n) is None:
                 await adopt(n)

@@ -38,6 +38,12 @@ class GapGuard:
             if off >= 0:
                 self.expected.setdefault(k, off)
 
+    def forget(self, partition: int) -> None:
+        """A shard handed over: what this process expected of its partitions no longer
+        holds (another process reads them now); a later adoption starts afresh."""
+        for k in [k for k in self.expected if k[1] == partition]:
+            del self.expected[k]
+
     def check(self, topic: str, partition: int, offset: int) -> tuple[int, int] | None:
         """Record `offset` as seen; return the skipped [start, end) before it, if any."""
         k = (topic, partition)

@@ -1,0 +1,256 @@
+"""The scale test (issue 11, part 4), reduced for CI: the admission app sharded over two
+partitions, on the real broker, as processes. Two instances split the two pools' shards;
+one is killed with SIGKILL mid-run and the other takes its shard over; a third joins and
+the shards rebalance. Through all of it every request ends in exactly one terminal reply
+and runs once. Requests are produced with the request id as key (no routing), so about
+half reach the wrong shard and are forwarded."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from triage.config.models import TriageConfig
+from triage.demo.processes import ChildProcess, wait_for_metric
+from triage.kafka.clients import make_consumer, make_producer
+from triage.ports import free_port, free_run
+from triage.topics.admin import create_topics
+from triage.topics.messages import CompletionStatus, InferenceRequest, Reply, completions_in
+from triage.topics.names import TopicNames
+
+pytestmark = [pytest.mark.faults, pytest.mark.slow]
+
+SHARDS = 2
+TENANTS = ("a", "b")
+MODELS = {"m1": "p1", "m2": "p2"}
+
+
+def _config(bootstrap: str, names: TopicNames) -> dict[str, Any]:
+    model = {"layers": 32, "kv_heads": 8, "head_dim": 128, "dtype": "bf16",
+             "context_tokens": 8192, "prefill_s_per_token": 1e-5, "decode_s_per_token": 0.002,
+             "batch_slowdown": 0.01}
+    return {
+        "tenants": [{"name": t, "rate_tokens_per_s": 1e7, "burst_tokens": 1e7,
+                     "max_debt_tokens": 0, "queue_max": 1000, "max_queue_wait_ms": 60_000,
+                     "sla_ms": 120_000} for t in TENANTS],
+        "models": [{"name": m, "pool": p, **model} for m, p in MODELS.items()],
+        "gpu_types": [{"name": "H200", "memory_gib": 141}],
+        "pools": [{"name": p, "gpu_type": "H200", "gpus": [f"g{i}"], "kv_budget_gib": 40.0,
+                   "queue_max": 2000, "partition": i} for i, p in enumerate(MODELS.values())],
+        "policy": {"preset": "full"},
+        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix,
+                  "request_partitions": SHARDS, "admission_partitions": SHARDS},
+        "metrics": {"admission_port": 0, "worker_port_base": free_run(2)},
+        "admission": {"session_timeout_s": 6.0},
+        "worker": {"heartbeat_s": 0.5},
+    }
+
+
+@dataclass
+class Client:
+    """Sends requests (keyed by id, unrouted) and follows every partition of the replies
+    and completions topics from the beginning."""
+
+    bootstrap: str
+    names: TopicNames
+    terminals: dict[str, list[str]] = field(default_factory=dict)
+    runs: dict[str, set[tuple[int, int]]] = field(default_factory=dict)
+    sent: int = 0
+
+    def __post_init__(self) -> None:
+        self._p: Any = make_producer(self.bootstrap, **{"message.timeout.ms": 300_000})
+        self._c: Any = make_consumer(self.bootstrap, f"{self.names.prefix}-scale-client")
+        topics = [self.names.replies(t) for t in TENANTS] + [self.names.completions]
+        self._c.assign([TopicPartition(t, n, OFFSET_BEGINNING) for t in topics
+                        for n in range(SHARDS)])
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def send(self, n: int, tag: str, rate: float) -> None:
+        for i in range(n):
+            tenant, model = TENANTS[i % 2], list(MODELS)[(i // 2) % 2]
+            rid = f"{tag}-{i}"
+            req = InferenceRequest(request_id=rid, tenant=tenant, model=model,
+                                   prompt_tokens=64, max_tokens=32,
+                                   metadata={"sim_output_tokens": "16"})
+            with self._lock:
+                self.terminals[rid] = []
+            self._p.produce(self.names.requests(tenant), key=rid.encode(), value=req.to_bytes())
+            self._p.poll(0)
+            self.sent += 1
+            time.sleep(1.0 / rate)
+        assert self._p.flush(60) == 0
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            for msg in self._c.consume(num_messages=500, timeout=0.2):
+                if msg.error() is not None:
+                    continue
+                with self._lock:
+                    if msg.topic() == self.names.completions:
+                        for c in completions_in(msg.value() or b""):
+                            if c.status is CompletionStatus.COMPLETED:
+                                self.runs.setdefault(c.request_id, set()).add(
+                                    (c.attempt, c.started_at_ms))
+                        continue
+                    r = Reply.from_bytes(msg.value() or b"")
+                    if r.status.terminal and r.request_id in self.terminals:
+                        self.terminals[r.request_id].append(r.status.value)
+
+    def outstanding(self) -> int:
+        with self._lock:
+            return sum(1 for v in self.terminals.values() if not v)
+
+    def wait_answered(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.outstanding() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)  # a second terminal reply, if one were coming, would be in by now
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+        self._c.close()
+
+
+def _owners(bootstrap: str, group: str, topic: str) -> dict[int, str]:
+    """Partition of `topic` -> the group.instance.id of the member that holds it."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    desc = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    out: dict[int, str] = {}
+    for m in desc.members:
+        for tp in m.assignment.topic_partitions:
+            if tp.topic == topic:
+                assert tp.partition not in out, f"partition {tp.partition} held twice"
+                out[tp.partition] = m.group_instance_id or m.member_id
+    return out
+
+
+def _held(log: Path) -> set[int]:
+    """The shards an instance's log says it holds now (adopted and not handed over)."""
+    held: set[int] = set()
+    for n, what in re.findall(r"shard (\d+) (adopted|handed over)", log.read_text()):
+        (held.add if what == "adopted" else held.discard)(int(n))
+    return held
+
+
+def _wait(cond: Any, timeout_s: float, what: str) -> float:
+    t0 = time.monotonic()
+    while True:
+        try:
+            if cond():
+                return time.monotonic() - t0
+        except Exception:  # the group is rebalancing
+            pass
+        if time.monotonic() - t0 > timeout_s:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_shards_split_fail_over_and_rebalance_with_every_request_answered_once(
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+) -> None:
+    base = _config(kafka_bootstrap, topic_names)
+    cfg = TriageConfig.model_validate(base)
+    create_topics(kafka_bootstrap, topic_names, cfg)
+    (tmp_path / "triage.yaml").write_text(yaml.safe_dump(base))
+    procs: dict[str, ChildProcess] = {}
+    ports: dict[str, int] = {}
+
+    def start_instance(name: str) -> None:
+        ports[name] = free_port()
+        data = {**base, "admission": {**base["admission"], "instance": name,
+                                      "datadir": str(tmp_path / f"data-{name}")},
+                "metrics": {**base["metrics"], "admission_port": ports[name]}}
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(data))
+        p = procs[name] = ChildProcess(name, ["admission", "--config", str(path),
+                                              "--loglevel", "info"], tmp_path / f"{name}.log")
+        p.start()
+
+    group = f"{topic_names.prefix}.app.triage-admission"
+    admission = topic_names.admission
+
+    def owners() -> dict[int, str]:
+        return _owners(kafka_bootstrap, group, admission)
+
+    def ready(name: str) -> bool:
+        return wait_for_metric(f"http://127.0.0.1:{ports[name]}/metrics",
+                               "triage_admission_ready 1.0", timeout_s=90, proc=procs[name])
+
+    client = Client(kafka_bootstrap, topic_names)
+    try:
+        start_instance("i0")
+        start_instance("i1")
+        for gpu in ("g0", "g1"):
+            w = procs[gpu] = ChildProcess(gpu, ["worker", "--gpu", gpu, "--backend", "sim",
+                                                "--config", str(tmp_path / "triage.yaml")],
+                                          tmp_path / f"{gpu}.log")
+            w.start()
+        _wait(lambda: len(set(owners().values())) == 2 and len(owners()) == SHARDS, 120,
+              "two instances holding one shard each")
+        assert ready("i0") and ready("i1"), (procs["i0"].tail(40), procs["i1"].tail(40))
+        split = owners()
+
+        def held_as_assigned(names: list[str]) -> bool:
+            """Each instance holds the services of the shards the group gave it, only."""
+            own = owners()
+            return all(_held(tmp_path / f"{n}.log") == {p for p, m in own.items()
+                                                        if m.endswith(f".instance-{n}")}
+                       for n in names)
+
+        _wait(lambda: held_as_assigned(["i0", "i1"]), 60, "each shard held by its owner only")
+
+        client.send(200, "split", rate=100.0)
+        client.wait_answered(120)
+        assert client.outstanding() == 0, procs["i0"].tail(40) + procs["i1"].tail(40)
+
+        # kill -9 the owner of shard 0 mid-run; the other takes its shard over
+        victim = "i0" if split[0].endswith(".instance-i0") else "i1"
+        survivor = "i1" if victim == "i0" else "i0"
+        sender = threading.Thread(target=client.send, args=(300, "kill", 60.0), daemon=True)
+        sender.start()
+        time.sleep(2.0)
+        killed = procs[victim].proc
+        assert killed is not None
+        killed.kill()  # SIGKILL
+        killed.wait(timeout=10)
+        takeover_s = _wait(lambda: set(owners()) == {0, 1} and len(set(owners().values())) == 1,
+                           60, f"{survivor} holding both shards")
+        _wait(lambda: _held(tmp_path / f"{survivor}.log") == {0, 1}, 60, "the shard adopted")
+        sender.join(timeout=120)
+        client.wait_answered(180)
+        assert client.outstanding() == 0, procs[survivor].tail(60)
+        print(f"takeover after kill -9: {takeover_s:.1f}s")
+
+        # a third instance joins: the shards are spread again, nothing is lost
+        start_instance("i2")
+        _wait(lambda: len(set(owners().values())) == 2 and len(owners()) == SHARDS, 120,
+              "the shards spread over two instances again")
+        _wait(lambda: held_as_assigned([survivor, "i2"]), 60, "the shards held as assigned")
+        client.send(200, "join", rate=100.0)
+        client.wait_answered(120)
+        assert client.outstanding() == 0, procs["i2"].tail(60)
+
+        assert client.sent == 700
+        twice = {rid: t for rid, t in client.terminals.items() if len(t) != 1}
+        assert not twice, f"{len(twice)} requests without exactly one terminal reply"
+        assert all(t == ["completed"] for t in client.terminals.values()), {
+            s for t in client.terminals.values() for s in t}
+        ran_twice = [rid for rid, runs in client.runs.items() if len(runs) > 1]
+        assert not ran_twice, ran_twice[:10]
+    finally:
+        client.close()
+        for p in procs.values():
+            p.stop()
