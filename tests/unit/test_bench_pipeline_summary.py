@@ -69,7 +69,8 @@ def test_pools_split_the_gpus_and_each_has_a_model(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--instances", "2"], "not partitioned yet"),
+    (["--instances", "2"], "needs at least as many --pools"),
+    (["--pools", "2", "--gpus", "2", "--shards", "3"], "more than --pools"),
     (["--gpus", "1", "--pools", "2"], "fewer than --pools"),
     (["--tenants", "0"], "--tenants"),
 ])  # fmt: skip
@@ -80,7 +81,13 @@ def test_options_it_cannot_run_are_one_line_and_exit_2(args: list[str], needle: 
     assert needle in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert json.loads(res.stdout)["code"] == ExitCode.USAGE
     assert not any(tmp_path.iterdir()), "nothing started, nothing written"
-    assert instances_problem(1) is None
+    assert instances_problem(1) is None and instances_problem(2, pools=2) is None
+
+
+def test_a_sharded_bench_puts_each_pool_on_its_own_partition(tmp_path: Path) -> None:
+    cfg = bench_config("127.0.0.1:1", "b", tmp_path, gpus=4, pools=4, shards=2)
+    assert [p.partition for p in cfg.pools] == [0, 1, 0, 1]
+    assert cfg.kafka.admission_partitions == cfg.kafka.request_partitions == 2
 
 
 def test_fleet_stops_every_child_and_counts_their_cpu(tmp_path: Path) -> None:

@@ -59,20 +59,22 @@ COMPLETE = "complete"  # the outcome of a decision record at a request's end
 STALL_S = 20.0  # waiting for decisions ends when none came for this long
 
 
-def instances_problem(instances: int) -> str | None:
-    """Why `--instances N` cannot run yet, or None."""
-    if instances == 1:
+def instances_problem(instances: int, pools: int = 1) -> str | None:
+    """Why `--instances N` cannot run with `--pools`, or None: the app is sharded by pool
+    (one shard per pool here), and an instance without a shard has nothing to do."""
+    if instances <= pools:
         return None
-    return (f"--instances {instances}: the admission app is not partitioned yet (one "
-            "partition per topic, one outbox transactional id and group instance id per "
-            "app), so a second instance would fence the first; run with --instances 1")
+    return (f"--instances {instances} needs at least as many --pools (one shard each; "
+            f"--pools is {pools})")
 
 
 def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int, pools: int = 1,
-                 tenants: int = 4, overrides: dict[str, Any] | None = None) -> TriageConfig:
+                 tenants: int = 4, shards: int = 1,
+                 overrides: dict[str, Any] | None = None) -> TriageConfig:
     """The bench's config: `gpus` GPUs spread over `pools` pools (one model each),
-    `tenants` tenants with large quotas, and metrics ports free at this moment.
-    `overrides` are merged in (tests)."""
+    `tenants` tenants with large quotas, and metrics ports free at this moment; with
+    `shards` > 1 the app is sharded, pool j on partition j mod shards. `overrides` are
+    merged in (tests)."""
     if gpus < pools:
         raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
     tenant = {"rate_tokens_per_s": 1e12, "burst_tokens": 1e12, "queue_max": 100_000,
@@ -86,9 +88,11 @@ def bench_config(bootstrap: str, prefix: str, run_dir: Path, *, gpus: int, pools
         "gpu_types": [{"name": "H200", "memory_gib": 141}],
         "pools": [{"name": f"p{j}", "gpu_type": "H200", "kv_budget_gib": 120,
                    "queue_max": 100_000,
-                   "gpus": [f"g{i}" for i in range(gpus) if i % pools == j]}
+                   "gpus": [f"g{i}" for i in range(gpus) if i % pools == j],
+                   "partition": j % shards}
                   for j in range(pools)],
-        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": prefix},
+        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": prefix,
+                  "request_partitions": shards, "admission_partitions": shards},
         "admission": {"datadir": str(run_dir / "admission-data")},
         "metrics": {"admission_port": free_port(), "worker_port_base": free_run(gpus)},
     }
@@ -102,7 +106,9 @@ class DecisionClock:
 
     def __init__(self, bootstrap: str, topic: str) -> None:
         self._c = make_consumer(bootstrap, f"bench-{topic}")
-        self._c.assign([TopicPartition(topic, 0, OFFSET_END)])
+        md = self._c.list_topics(topic, timeout=10.0)
+        self._c.assign([TopicPartition(topic, n, OFFSET_END)
+                        for n in sorted(md.topics[topic].partitions)])
         self.first: dict[str, int] = {}  # request_id -> decision at_ms
         self.done: dict[str, int] = {}  # request_id -> completion at_ms
         self._stop = threading.Event()
@@ -188,7 +194,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
     create_topics(server, names, cfg)
     ports = [cfg.metrics.admission_port, *(free_port() for _ in range(instances - 1))]
     admissions = [ChildProcess(f"admission-{i}", [
-        "admission", "--config", str(cfg_path), "--loglevel", "warn",
+        "admission", "--config", str(cfg_path), "--loglevel", "warn", "--instance", str(i),
         "--datadir", str(run_dir / f"admission-{i}-data"), "--metrics-port", str(port),
     ], run_dir / f"admission-{i}.log") for i, port in enumerate(ports)]
     workers = [ChildProcess(f"worker-{g}", ["worker", "--gpu", g, "--backend", "sim",
@@ -273,22 +279,29 @@ CEILINGS = ((CeilingKind.RELAY, "faust_relay_ceiling_per_s", "faust_relay_cpu_us
 
 def repetition(fleet: Fleet, server: str, run_prefix: str, run_dir: Path, rep: int, *,
                gpus: int, pools: int, tenants: int, instances: int, broker_messages: int,
-               ceiling_messages: int, overrides: dict[str, Any] | None,
+               ceiling_messages: int, overrides: dict[str, Any] | None, shards: int = 1,
                **triage_sizes: Any) -> dict[str, Any]:
-    """One of each measurement, in turn, on fresh topics under `run_prefix`."""
+    """One of each measurement, in turn, on fresh topics under `run_prefix` (the Faust
+    ceilings always on one partition: the engine's own ceiling)."""
     rep_dir = run_dir / f"r{rep}"
     rep_dir.mkdir(parents=True, exist_ok=True)
     cfg = bench_config(server, f"{run_prefix}-r{rep}", rep_dir, gpus=gpus, pools=pools,
-                       tenants=tenants, overrides=overrides)
+                       tenants=tenants, shards=shards, overrides=overrides)
     cfg_path = rep_dir / "triage.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json")))
+    ceiling_path = cfg_path
+    if shards > 1:
+        ceiling_path = rep_dir / "ceilings.yaml"
+        one = bench_config(server, f"{run_prefix}-r{rep}", rep_dir, gpus=gpus, pools=pools,
+                           tenants=tenants, overrides=overrides)
+        ceiling_path.write_text(yaml.safe_dump(one.model_dump(mode="json")))
     out = triage_phase(fleet, server, cfg, cfg_path, rep_dir, instances=instances,
                        **triage_sizes)
     b = broker_ceiling(server, f"{run_prefix}-b{rep}.broker", broker_messages)
     out["broker_produce_per_s"], out["broker_consume_per_s"] = (b["produce_per_s"],
                                                                 b["consume_per_s"])
     for kind, rate_key, cpu_key in CEILINGS:
-        c = faust_ceiling(fleet, kind=kind, bootstrap=server, config_path=cfg_path,
+        c = faust_ceiling(fleet, kind=kind, bootstrap=server, config_path=ceiling_path,
                           base=f"{run_prefix}-c{rep}-{kind.value}", n=ceiling_messages,
                           run_dir=rep_dir)
         out[rate_key], out[cpu_key] = c["per_s"], c["cpu_us"]
@@ -324,16 +337,19 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
         burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, tenants: int = 4,
-        instances: int = 1,
+        instances: int = 1, shards: int | None = None,
         repetitions: int = 3, broker_messages: int = 100_000, ceiling_messages: int = 10_000,
         port: int = 9092, bootstrap: str | None = None,
         out_dir: Path = Path("reports/bench-pipeline"),
         overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """On `bootstrap` when given (a broker that must already run), else on the local
     broker on `port`, started if none answers (and stopped after)."""
-    problem = instances_problem(instances)
+    problem = instances_problem(instances, pools)
     if problem is not None:
         raise ValueError(problem)
+    shards = shards if shards is not None else (pools if instances > 1 else 1)
+    if not 1 <= shards <= pools:
+        raise ValueError(f"--shards {shards} is outside 1..--pools ({pools})")
     if gpus < pools:
         raise ValueError(f"--gpus {gpus} is fewer than --pools {pools}: each pool needs one")
     if not 1 <= tenants <= MAX_TENANTS:
@@ -352,13 +368,14 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
             run_dir.mkdir(parents=True, exist_ok=True)
             reps = [repetition(fleet, server, run_prefix, run_dir, i + 1, gpus=gpus,
                                pools=pools, tenants=tenants, instances=instances,
-                               broker_messages=broker_messages,
+                               shards=shards, broker_messages=broker_messages,
                                ceiling_messages=ceiling_messages, overrides=overrides,
                                latency_rate=latency_rate, latency_requests=latency_requests,
                                burst_requests=burst_requests)
                     for i in range(repetitions)]
             out = summarize(reps)
             out.update({"repetitions": repetitions, "instances": instances, "pools": pools,
+                        "shards": shards,
                         "tenants": tenants,
                         "gpus": gpus, "burst_requests": burst_requests,
                         "latency_requests": latency_requests,

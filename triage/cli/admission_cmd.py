@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from pydantic import ValidationError
 
 from triage.cli.common import (
     ExitCode,
@@ -22,6 +23,7 @@ from triage.cli.common import (
 )
 from triage.config import ConfigError
 from triage.config.checks import runnable_problem
+from triage.config.models import TriageConfig
 
 
 class LogLevel(StrEnum):
@@ -59,6 +61,17 @@ def prepare_datadir(datadir: str) -> Path:
     return path
 
 
+def _as_instance(cfg: TriageConfig, name: str) -> TriageConfig:
+    """The config with admission.instance set to `name` (checked like the file's)."""
+    data = cfg.model_dump()
+    data["admission"]["instance"] = name
+    try:
+        return TriageConfig.model_validate(data)
+    except ValidationError as exc:
+        msgs = "; ".join(e["msg"] for e in exc.errors())
+        raise fail(f"--instance {name!r}: {msgs}", ExitCode.USAGE) from None
+
+
 def admission(
     config: Path | None = config_option("triage.yaml (default: the shipped example)."),
     bootstrap: str | None = bootstrap_option(),
@@ -69,6 +82,11 @@ def admission(
     metrics_port: int | None = typer.Option(
         None, min=0, max=65535, help="Prometheus port (default from config; 0 disables)."
     ),
+    instance: str | None = typer.Option(
+        None, help="This process's name among the app's instances (default from config: "
+        "admission.instance). Several instances of one config share its shards: give each "
+        "its own name and --datadir."
+    ),
     loglevel: LogLevel = typer.Option(LogLevel.INFO, help="Log level of the app."),
 ) -> None:
     """Run the admission app (the Faust stream processor).
@@ -77,6 +95,8 @@ def admission(
     replies, dispatches and records every decision. Stop with SIGTERM or Ctrl-C; state
     is recovered from the changelogs on the next start."""
     cfg = load_or_exit(config, bootstrap=bootstrap)
+    if instance is not None:
+        cfg = _as_instance(cfg, instance)
     problem = runnable_problem(cfg)
     if problem is not None:
         raise fail(problem, ExitCode.USAGE)

@@ -100,8 +100,13 @@ def pipeline(
         "each), to see the CPU per request stay flat as they grow."
     ),
     instances: int = typer.Option(
-        1, min=1, help="Admission processes in one consumer group (only 1 until the app is "
-        "partitioned)."
+        1, min=1, help="Admission processes in one consumer group, sharing the app's shards "
+        "(at most --pools: one shard per pool)."
+    ),
+    shards: int | None = typer.Option(
+        None, min=1, help="Partitions the app is sharded over, pool j on j mod shards "
+        "(default: --pools with several instances, else 1), to compare one instance and "
+        "several on the same layout."
     ),
     repetitions: int = typer.Option(3, min=1, help="Interleaved repetitions (medians)."),
     broker_messages: int = typer.Option(
@@ -131,7 +136,9 @@ def pipeline(
     from triage.bench.pipeline import instances_problem, run
     from triage.kafka.local import LocalBrokerError
 
-    problem = instances_problem(instances)
+    problem = instances_problem(instances, pools)
+    if problem is None and shards is not None and shards > pools:
+        problem = f"--shards {shards} is more than --pools {pools}: a shard holds a pool"
     if problem is None and gpus < pools:
         problem = f"--gpus {gpus} is fewer than --pools {pools}: each pool needs a GPU"
     if problem is not None:
@@ -141,7 +148,7 @@ def pipeline(
     try:
         res = run(latency_rate=latency_rate, latency_requests=latency_requests,
                   burst_requests=burst_requests, gpus=gpus, pools=pools, tenants=tenants,
-                  instances=instances,
+                  instances=instances, shards=shards,
                   repetitions=repetitions, broker_messages=broker_messages,
                   ceiling_messages=ceiling_messages, port=port, bootstrap=bootstrap,
                   out_dir=out)
