@@ -136,3 +136,14 @@ def test_a_batch_number_only_moves_up_and_replay_reads_the_shards_own_mark() -> 
     assert seq == 21 and batch == [("t.x", b"k", b"v", -1)] and out.sealed == 21
     # outputs of batches above the shard's last committed batch are sent again
     assert out.replay("r", [(5, "t.y", b"a"), (9, "t.y", b"b")], after=6) == 1
+
+
+def test_config_check_warns_of_a_shard_without_pools() -> None:
+    from triage.config.checks import Severity, findings
+
+    crowded = _config()
+    data = crowded.model_dump(mode="json")
+    data["pools"][0]["partition"] = 1  # both pools on shard 1
+    (f,) = [f for f in findings(TriageConfig.model_validate(data)) if "hold no pool" in f.message]
+    assert f.severity is Severity.WARNING and "shard(s) 0 of 2" in f.message
+    assert not [f for f in findings(crowded) if "hold no pool" in f.message]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from triage.config.models import GIB, ModelConfig, PoolConfig, TenantConfig, TriageConfig
+from triage.topics.shards import pools_of_shard
 
 # The cheapest request a tenant can send: 1 prompt token and at least 1 expected output
 # token (the quota charges prompt + max(1, output ratio x max_tokens)).
@@ -155,11 +156,24 @@ def _port_findings(cfg: TriageConfig) -> list[Finding]:
     return out
 
 
+def _shard_findings(cfg: TriageConfig) -> list[Finding]:
+    """Shards that hold no pool: an instance assigned one of them decides nothing."""
+    parts = cfg.kafka.admission_partitions
+    empty = [n for n in range(parts) if not pools_of_shard(cfg, n)]
+    if parts == 1 or not empty:
+        return []
+    return [Finding(Severity.WARNING, "pools[*].partition",
+                    f"shard(s) {', '.join(map(str, empty))} of {parts} hold no pool (set "
+                    "pools[].partition to spread them): an instance given only those "
+                    "decides nothing")]
+
+
 def findings(cfg: TriageConfig) -> list[Finding]:
     """Everything that makes (part of) a valid config unable to work, errors first."""
     out: list[Finding] = []
     problem = runnable_problem(cfg)
     if problem is not None:
         out.append(Finding(Severity.ERROR, "kafka", problem))
-    out += _model_findings(cfg) + _tenant_findings(cfg) + _port_findings(cfg)
+    out += (_model_findings(cfg) + _tenant_findings(cfg) + _port_findings(cfg)
+            + _shard_findings(cfg))
     return sorted(out, key=lambda f: f.severity != Severity.ERROR)
