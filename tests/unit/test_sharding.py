@@ -147,3 +147,15 @@ def test_config_check_warns_of_a_shard_without_pools() -> None:
     (f,) = [f for f in findings(TriageConfig.model_validate(data)) if "hold no pool" in f.message]
     assert f.severity is Severity.WARNING and "shard(s) 0 of 2" in f.message
     assert not [f for f in findings(crowded) if "hold no pool" in f.message]
+
+
+def test_config_check_warns_that_a_quota_applies_on_each_shard() -> None:
+    from triage.config.checks import findings
+
+    cfg = _config()  # tenant a may call m1 (shard 0) and m2 (shard 1)
+    (f,) = [f for f in findings(cfg) if "quota applies on each" in f.message]
+    assert f.where == "tenants[0:a]" and "2 x rate_tokens_per_s" in f.message
+    data = cfg.model_dump(mode="json")
+    data["tenants"][0]["models"] = ["m1"]
+    assert not [f for f in findings(TriageConfig.model_validate(data))
+                if "quota applies on each" in f.message]

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from triage.config.models import GIB, ModelConfig, PoolConfig, TenantConfig, TriageConfig
-from triage.topics.shards import pools_of_shard
+from triage.topics.shards import pools_of_shard, shard_of_pool
 
 # The cheapest request a tenant can send: 1 prompt token and at least 1 expected output
 # token (the quota charges prompt + max(1, output ratio x max_tokens)).
@@ -159,13 +159,25 @@ def _port_findings(cfg: TriageConfig) -> list[Finding]:
 def _shard_findings(cfg: TriageConfig) -> list[Finding]:
     """Shards that hold no pool: an instance assigned one of them decides nothing."""
     parts = cfg.kafka.admission_partitions
-    empty = [n for n in range(parts) if not pools_of_shard(cfg, n)]
-    if parts == 1 or not empty:
+    if parts == 1:
         return []
-    return [Finding(Severity.WARNING, "pools[*].partition",
-                    f"shard(s) {', '.join(map(str, empty))} of {parts} hold no pool (set "
-                    "pools[].partition to spread them): an instance given only those "
-                    "decides nothing")]
+    out: list[Finding] = []
+    empty = [n for n in range(parts) if not pools_of_shard(cfg, n)]
+    if empty:
+        out.append(Finding(Severity.WARNING, "pools[*].partition",
+                           f"shard(s) {', '.join(map(str, empty))} of {parts} hold no pool "
+                           "(set pools[].partition to spread them): an instance given only "
+                           "those decides nothing"))
+    for i, t in enumerate(cfg.tenants):
+        shards = sorted({shard_of_pool(cfg, m.pool) for m in _callable_models(cfg, t)})
+        if len(shards) > 1:
+            out.append(Finding(
+                Severity.WARNING, f"tenants[{i}:{t.name}]",
+                f"its models live on {len(shards)} shards ({', '.join(map(str, shards))}) and "
+                "its quota applies on each: it may use up to "
+                f"{len(shards)} x rate_tokens_per_s in all (restrict tenants[].models, or "
+                "put its pools on one partition)"))
+    return out
 
 
 def findings(cfg: TriageConfig) -> list[Finding]:
