@@ -390,3 +390,30 @@ def test_close_fails_what_still_waits(kafka_bootstrap: str, topics: TopicNames) 
     with pytest.raises(ClientClosedError):
         c.send(request("orphan-2"))
     c.close()  # idempotent
+
+
+def test_a_client_with_routes_sends_each_model_to_its_shards_partition(
+    kafka_bootstrap: str, topic_names: TopicNames
+) -> None:
+    """A sharded app: the client built from the config puts a request on the partition of
+    its model's pool (no forward), and a model it has no route for goes by key."""
+    ensure_topics(kafka_bootstrap, [
+        TopicSpec(topic_names.requests(TENANT), TopicKind.REQUESTS, 3, 1),
+        TopicSpec(topic_names.replies(TENANT), TopicKind.REPLIES, 3, 1),
+    ])
+    with TriageClient(bootstrap=kafka_bootstrap, tenant=TENANT, topic_prefix=topic_names.prefix,
+                      routes={MODEL: 2, "other": 1}) as c:
+        for i in range(6):
+            c.send(request(f"routed-{i}"))
+        c.send(request("other-0", model="other"))
+    consumer = make_consumer(kafka_bootstrap, f"{topic_names.prefix}-routes")
+    consumer.assign([TopicPartition(topic_names.requests(TENANT), n, 0) for n in range(3)])
+    where: dict[str, int] = {}
+    deadline = time.monotonic() + 30
+    while len(where) < 7 and time.monotonic() < deadline:
+        for msg in consumer.consume(num_messages=50, timeout=0.5):
+            if msg.error() is None:
+                where[InferenceRequest.from_bytes(msg.value() or b"").request_id] = \
+                    msg.partition()
+    consumer.close()
+    assert {where[f"routed-{i}"] for i in range(6)} == {2} and where["other-0"] == 1

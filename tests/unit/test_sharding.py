@@ -159,3 +159,10 @@ def test_config_check_warns_that_a_quota_applies_on_each_shard() -> None:
     data["tenants"][0]["models"] = ["m1"]
     assert not [f for f in findings(TriageConfig.model_validate(data))
                 if "quota applies on each" in f.message]
+
+
+def test_routes_name_each_models_partition_and_none_unsharded() -> None:
+    from triage.topics.shards import request_routes
+
+    assert request_routes(_config()) == {"m1": 0, "m2": 1}
+    assert request_routes(_config(partitions=1)) == {}

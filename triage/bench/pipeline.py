@@ -48,6 +48,7 @@ from triage.kafka.local import LocalBroker
 from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics, delete_topics
 from triage.topics.names import TopicNames
+from triage.topics.shards import request_routes
 
 log = logging.getLogger(__name__)
 MAX_TENANTS = 2_000  # each is a request topic the app subscribes to
@@ -138,9 +139,12 @@ class DecisionClock:
 
 
 def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | None,
-           models: list[str], tenant_list: list[str], sent: dict[str, int]) -> float:
+           models: list[str], tenant_list: list[str], sent: dict[str, int],
+           routes: dict[str, int] | None = None) -> float:
     """Produce n requests at `rate` per second, or flat out (built beforehand, so that
-    the producer outruns the app); returns the offered rate."""
+    the producer outruns the app); returns the offered rate. `routes`: model ->
+    partition (a sharded app's, as a client built from the config sends them)."""
+    routes = routes or {}
     p = make_producer(bootstrap, **{"linger.ms": 2})
     p.list_topics(names.requests(tenant_list[0]), timeout=10)  # connected before the clock
     tenants = [tenant_list[i % len(tenant_list)] for i in range(n)]
@@ -158,7 +162,8 @@ def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | No
         value = built[i] if built else request_bytes(rid, tenants[i], models[i % len(models)],
                                                      now_ms)
         sent[rid] = now_ms
-        p.produce(names.requests(tenants[i]), key=rid.encode(), value=value)
+        p.produce(names.requests(tenants[i]), key=rid.encode(), value=value,
+                  partition=routes.get(models[i % len(models)], -1))
         if i % 200 == 0:
             p.poll(0)
     p.flush(30)
@@ -216,8 +221,9 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
         clock.start()
         time.sleep(2.0)  # the workers' first heartbeats
         lat_ids: dict[str, int] = {}
+        routes = request_routes(cfg)  # as a client built from the config sends them
         offered = _offer(server, names, "lat", latency_requests, latency_rate, models,
-                         tenant_list, lat_ids)
+                         tenant_list, lat_ids, routes)
         _wait(clock.first, lat_ids, 120)
         lat = sorted(clock.first[r] - t for r, t in lat_ids.items() if r in clock.first)
         _wait(clock.done, lat_ids, 300)  # the burst's CPU is the burst's alone
@@ -225,7 +231,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
         cpu0 = sum(cpu_seconds(pid) for pid in pids)
         burst_ids: dict[str, int] = {}
         burst_offered = _offer(server, names, "burst", burst_requests, None, models,
-                               tenant_list, burst_ids)
+                               tenant_list, burst_ids, routes)
         _wait(clock.first, burst_ids, 300)
         _wait(clock.done, burst_ids, 600)
         cpu_s = sum(cpu_seconds(pid) for pid in pids) - cpu0

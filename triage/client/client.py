@@ -38,6 +38,7 @@ from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.security import librdkafka_settings
 from triage.topics.messages import InferenceRequest, Reply
 from triage.topics.names import TopicNames
+from triage.topics.shards import request_routes
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,17 @@ class TriageClient:
         start_timeout_s: float = 10.0,
         producer_overrides: Mapping[str, Any] | None = None,
         kafka_settings: Mapping[str, Any] | None = None,
+        routes: Mapping[str, int] | None = None,
     ) -> None:
         """`kafka_settings`: librdkafka properties for both clients, such as the SASL/TLS
-        settings of this tenant's principal (from_config passes the config's)."""
+        settings of this tenant's principal (from_config passes the config's).
+        `routes`: model -> the request-topic partition of its pool's shard, for a sharded
+        app (from_config derives them); a model not in it goes by key, and the app
+        forwards it to its shard (one more hop)."""
         names = TopicNames(topic_prefix)
         common = dict(kafka_settings or {})
         self.tenant = tenant
+        self._routes = dict(routes or {})
         self.request_topic = names.requests(tenant)
         self.reply_topic = names.replies(tenant)
         self.reply_timeout_s = reply_timeout_s
@@ -104,7 +110,8 @@ class TriageClient:
             bootstrap=config.kafka.bootstrap_servers,
             topic_prefix=config.kafka.topic_prefix,
             tenant=tenant,
-            **{"kafka_settings": librdkafka_settings(config.kafka.security), **kwargs},
+            **{"kafka_settings": librdkafka_settings(config.kafka.security),
+               "routes": request_routes(config), **kwargs},
         )
 
     # -- one attempt -----------------------------------------------------------------
@@ -135,12 +142,14 @@ class TriageClient:
                 sub.fail(DeliveryError(f"{sub.request_id} was not delivered: {err.str()}"))
 
         payload = stamped.to_bytes()
+        partition = self._routes.get(stamped.model, -1)
         while True:
             try:
                 self._producer.produce(
                     self.request_topic,
                     key=stamped.request_id.encode(),
                     value=payload,
+                    partition=partition,
                     on_delivery=on_delivery,
                 )
                 break

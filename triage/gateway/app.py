@@ -52,6 +52,7 @@ from triage.gateway.schema import ChatBody, CompletionBody, estimate_chat_tokens
 from triage.gateway.sse import sse_events
 from triage.kafka.clients import broker_reachable
 from triage.topics.messages import InferenceRequest, Reply
+from triage.topics.shards import request_routes
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Gateway:
                 client = await asyncio.to_thread(
                     TriageClient, bootstrap=self.bootstrap, tenant=tenant,
                     topic_prefix=self.config.kafka.topic_prefix,
+                    routes=request_routes(self.config),
                 )  # fmt: skip
                 self._clients[tenant] = client
         return client

@@ -34,6 +34,14 @@ def shard_of_model(config: TriageConfig, model: str) -> int:
     return 0 if m is None else shard_of_pool(config, m.pool)
 
 
+def request_routes(config: TriageConfig) -> dict[str, int]:
+    """model -> the request-topic partition producers should use (empty unsharded:
+    every request goes by key to the one partition)."""
+    if config.kafka.admission_partitions == 1:
+        return {}
+    return {m.name: shard_of_pool(config, m.pool) for m in config.models}
+
+
 def pools_of_shard(config: TriageConfig, shard: int) -> frozenset[str]:
     return frozenset(p.name for p in config.pools if shard_of_pool(config, p.name) == shard)
 
