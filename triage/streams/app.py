@@ -153,6 +153,7 @@ def build_app(
             svc = shards.get(partition)
             if svc is not None:
                 return svc
+            committer.install()  # (idempotent) offsets never pass outputs not committed
             if parts == 1:
                 gaps.start_at(await asyncio.to_thread(
                     committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed)))
