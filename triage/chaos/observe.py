@@ -49,7 +49,8 @@ class Sender(threading.Thread):
     client meant to send reaches Kafka unless its delivery fails (counted apart)."""
 
     def __init__(self, bootstrap: str, names: TopicNames, tenants: list[str], observer: Observer,
-                 *, rate: RateFn, duration_s: float, tag: str, output_tokens: int) -> None:
+                 *, rate: RateFn, duration_s: float, tag: str, output_tokens: int,
+                 models: tuple[str, ...] = ("small",)) -> None:
         super().__init__(name="chaos-sender", daemon=True)
         self._p: Any = make_producer(bootstrap, **{"message.timeout.ms": 900_000,
                                                    "log_level": QUIET})
@@ -60,6 +61,7 @@ class Sender(threading.Thread):
         self.duration_s = duration_s
         self._tag = tag
         self._out = str(output_tokens)
+        self._models = models  # each round over the tenants takes the next model
         self.sent = 0
         self.failed = 0
         self._halt = threading.Event()
@@ -82,9 +84,10 @@ class Sender(threading.Thread):
                 continue
             next_at += 1.0 / max(0.1, self._rate(t))
             tenant = self._tenants[self.sent % len(self._tenants)]
+            model = self._models[(self.sent // len(self._tenants)) % len(self._models)]
             self.sent += 1
             rid = f"{tenant}-{self._tag}-{self.sent}"
-            req = InferenceRequest(request_id=rid, tenant=tenant, model="small",
+            req = InferenceRequest(request_id=rid, tenant=tenant, model=model,
                                    prompt_tokens=64, max_tokens=32,
                                    created_at_ms=int(now * 1000),
                                    metadata={"sim_output_tokens": self._out})
@@ -105,11 +108,13 @@ class Sender(threading.Thread):
 
 @dataclass
 class Observer:
-    """Follows replies (every tenant) and completions from the beginning."""
+    """Follows replies (every tenant) and completions from the beginning, on every one
+    of their `partitions` (a sharded app's, kafka.admission_partitions)."""
 
     bootstrap: str
     names: TopicNames
     tenants: list[str]
+    partitions: int = 1
     seen: dict[str, Seen] = field(default_factory=dict)
     # rid -> the distinct executions that completed it ((attempt, start) pairs): a copy
     # of one completion message is not a second execution
@@ -119,8 +124,8 @@ class Observer:
     reply_times: list[float] = field(default_factory=list)  # the app's at_ms / 1000
     # ids outside the steady traffic (poison, a removed or added tenant's): counted apart
     side: dict[str, Seen] = field(default_factory=dict)
-    # (source topic, offset) -> error of each dead letter
-    dead: dict[tuple[str, int], str] = field(default_factory=dict)
+    # (source topic, partition, offset) -> error of each dead letter
+    dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -128,10 +133,14 @@ class Observer:
         self._follow: list[str] = []
         self._c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-observer",
                                 log_level=QUIET)
-        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions,
-                                                                   self.names.deadletter]
-        self._c.assign([TopicPartition(t, 0, OFFSET_BEGINNING) for t in topics])
+        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions]
+        self._c.assign([*self._partitions(topics),
+                        TopicPartition(self.names.deadletter, 0, OFFSET_BEGINNING)])
         self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
+
+    def _partitions(self, topics: list[str]) -> list[TopicPartition]:
+        return [TopicPartition(t, n, OFFSET_BEGINNING) for t in topics
+                for n in range(self.partitions)]
 
     def start(self) -> None:
         self._thread.start()
@@ -155,8 +164,8 @@ class Observer:
             with self._lock:
                 follow, self._follow = self._follow, []
             if follow:
-                self._c.incremental_assign([TopicPartition(self.names.replies(t), 0,
-                                                           OFFSET_BEGINNING) for t in follow])
+                self._c.incremental_assign(self._partitions(
+                    [self.names.replies(t) for t in follow]))
             for msg in self._c.consume(num_messages=500, timeout=0.2):
                 if msg.error() is not None:
                     continue
@@ -174,7 +183,7 @@ class Observer:
             return
         if d.offset is not None:
             with self._lock:
-                self.dead[(d.source_topic, d.offset)] = d.error
+                self.dead[(d.source_topic, d.partition or 0, d.offset)] = d.error
 
     def _on_completion(self, value: bytes) -> None:
         try:

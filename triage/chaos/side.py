@@ -35,13 +35,15 @@ class PoisonFlow:
     """Sends the whole corpus once per `inject` (fresh ids each round) to one steady
     tenant's request topic, and remembers where each entry landed."""
 
-    def __init__(self, bootstrap: str, names: TopicNames, obs: Observer, tag: str) -> None:
+    def __init__(self, bootstrap: str, names: TopicNames, obs: Observer, tag: str, *,
+                 tenant: str = POISON_TENANT, model: str = "small") -> None:
         self._p = _producer(bootstrap)
-        self._topic = names.requests(POISON_TENANT)
+        self._tenant, self._model = tenant, model
+        self._topic = names.requests(tenant)
         self._obs = obs
         self._tag = tag
         self.rounds = 0
-        # (entry, offset once delivered, delivery error)
+        # (entry, [partition, offset] once delivered, delivery error)
         self.sent: list[tuple[Poison, list[int | None], list[str]]] = []
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -51,18 +53,18 @@ class PoisonFlow:
         self.rounds += 1
         now = time.time()
         self.first_at = self.first_at or now
-        entries = list(poison_corpus(tenant=POISON_TENANT, model="small",
+        entries = list(poison_corpus(tenant=self._tenant, model=self._model,
                                      prefix=f"poison{self._tag}r{self.rounds}"))
         for e in entries:
             if e.expect is not Expect.DEAD_LETTER:
-                self._obs.expect_side(e.key.decode(), POISON_TENANT, now)
-            slot: list[int | None] = [None]
+                self._obs.expect_side(e.key.decode(), self._tenant, now)
+            slot: list[int | None] = [None, None]
             errs: list[str] = []
 
             def cb(err: Any, msg: Any, slot: list[int | None] = slot,
                    errs: list[str] = errs) -> None:
                 if err is None:
-                    slot[0] = msg.offset()
+                    slot[0], slot[1] = msg.partition(), msg.offset()
                 else:
                     errs.append(str(err))
 
@@ -84,11 +86,11 @@ class PoisonFlow:
         still answered once."""
         answered = dead = unaccounted = not_delivered = 0
         for e, slot, errs in self.sent:
-            if errs or slot[0] is None:
+            if errs or slot[0] is None or slot[1] is None:
                 not_delivered += 1
                 continue
             if e.expect is Expect.DEAD_LETTER:
-                ok = bool(self._obs.dead.get((self._topic, slot[0])))
+                ok = bool(self._obs.dead.get((self._topic, slot[0], slot[1])))
                 dead += ok
             else:
                 s = self._obs.side.get(e.key.decode())
