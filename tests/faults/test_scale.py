@@ -217,6 +217,14 @@ class Cluster:
               120, "two instances holding one shard each")
         _wait(lambda: self.held_as_assigned(names), 60, "each shard held by its owner only")
 
+    def up(self) -> None:
+        """Two instances and the workers started, the shards split between i0 and i1."""
+        self.start_instance("i0")
+        self.start_instance("i1")
+        self.start_workers()
+        self.split(["i0", "i1"])
+        assert self.ready("i0") and self.ready("i1"), self.tails()
+
     def tails(self, lines: int = 40) -> str:
         return "".join(p.tail(lines) for n, p in self.procs.items() if n.startswith("i"))
 
@@ -234,11 +242,7 @@ def test_shards_split_fail_over_and_rebalance_with_every_request_answered_once(
     procs, owners = cluster.procs, cluster.owners
     client = Client(kafka_bootstrap, topic_names)
     try:
-        cluster.start_instance("i0")
-        cluster.start_instance("i1")
-        cluster.start_workers()
-        cluster.split(["i0", "i1"])
-        assert cluster.ready("i0") and cluster.ready("i1"), cluster.tails()
+        cluster.up()
         split = owners()
 
         client.send(200, "split", rate=100.0)
@@ -308,11 +312,7 @@ def test_two_instances_ride_out_a_broker_restart_and_a_graceful_restart(
     obs = Observer(bootstrap, topic_names, list(TENANTS), partitions=SHARDS)
     obs.start()
     try:
-        cluster.start_instance("i0")
-        cluster.start_instance("i1")
-        cluster.start_workers()
-        cluster.split(["i0", "i1"])
-        assert cluster.ready("i0") and cluster.ready("i1"), cluster.tails()
+        cluster.up()
 
         # the broker goes away for 5 s while requests flow, and comes back
         sender = _steady(bootstrap, topic_names, obs, "broker", 10.0)
