@@ -26,7 +26,7 @@ import faust
 
 from triage.config.models import TriageConfig
 from triage.kafka.security import use_kafka_security
-from triage.streams.app import Committer, commit_continuously
+from triage.streams.committer import Committer, commit_continuously
 from triage.streams.engine import RAW_TOPIC, faust_app, install_patches, raw_table, start_outbox
 from triage.streams.health import Health
 from triage.streams.outbox import KafkaOutbox

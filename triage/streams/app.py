@@ -25,7 +25,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
 from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
+from triage.streams.committer import Committer, commit_continuously
 from triage.streams.engine import (
     RAW_TOPIC,
     faust_app,
@@ -47,11 +48,11 @@ from triage.streams.engine import (
     raw_table,
     start_outbox,
 )
-from triage.streams.gaps import GapGuard, committed_offsets, read_range
+from triage.streams.gaps import GapGuard, committed_offsets, read_again
 from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
+from triage.streams.outbox import KafkaOutbox
 from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
 from triage.streams.sharding import ShardedServices
@@ -70,7 +71,6 @@ DISCOVERY_S = 3.0
 # measured p50 117 ms at 150 requests/s (5 ms without): Faust's queue pressure then
 # pauses the request partitions until a fetch times out.
 MAX_POLL_RECORDS = 200
-CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch adds)
 
 
 @dataclass
@@ -216,16 +216,11 @@ def build_app(
             service = await owner(msg.partition)
             skipped = gaps.check(msg.topic, msg.partition, msg.offset)
             if skipped is not None:  # see gaps.py: read what Faust jumped over first
-                start, end = skipped
-                log.error("request offsets %s[%d] %d..%d were skipped at startup: reading "
-                          "them again", msg.topic, msg.partition, start, end - 1)
-                missed = await asyncio.to_thread(read_range, k.bootstrap_servers,
-                                                 f"{app_id}.gap-reader", msg.topic,
-                                                 msg.partition, start, end)
-                for off, key, value in missed:
+                for off, key, value in await read_again(
+                        gaps, k.bootstrap_servers, f"{app_id}.gap-reader", msg.topic,
+                        msg.partition, *skipped):
                     service.on_request(topic=msg.topic, key=key, value=value,
                                        partition=msg.partition, offset=off, now=time.time())
-                gaps.recovered += len(missed)
             service.on_request(topic=msg.topic, key=event.key, value=event.value,
                                partition=msg.partition, offset=msg.offset, now=time.time())
 
@@ -311,83 +306,6 @@ def build_app(
             admission.discovery_failures = 0
 
     return admission
-
-
-class Committer:
-    """Commits staged outputs (outbox.py) and holds Faust's offset commits behind them.
-
-    One batch at a time: seal it, flush Faust's producer (the changelog writes of the
-    batch are then durable), commit its transaction. Faust flushes its producer right
-    before it commits input offsets; the wrapper installed here commits every batch
-    staged until then first, so offsets never pass an input whose outputs are not out."""
-
-    def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health) -> None:
-        self.app = app
-        self.outbox = outbox
-        self.health = health
-        self.lock = asyncio.Lock()
-        self._faust_flush: Callable[[], Awaitable[None]] | None = None
-
-    def install(self) -> None:
-        if self._faust_flush is not None:
-            return
-        producer = self.app.producer
-        self._faust_flush = producer.flush
-        committer = self
-
-        async def flush() -> None:
-            await committer.drain()
-
-        producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
-
-    async def drain(self) -> None:
-        """Commit every output staged before this call (raises if the outbox stopped)."""
-        outbox = self.outbox
-        target = outbox.seq
-        async with self.lock:
-            if outbox.confirmed >= target:
-                return
-            if outbox.sealed >= target:  # sealed by a drain that failed
-                raise OutboxStoppedError(f"batch {target} was not committed")
-            seq, batch = outbox.seal()
-            assert self._faust_flush is not None
-            self.health.publishing_since = time.monotonic()
-            try:
-                await self._flush_changelog()
-                if batch:
-                    await asyncio.to_thread(outbox.publish, seq, batch)
-                outbox.confirm(seq)
-            finally:
-                self.health.publishing_since = None
-
-    async def _flush_changelog(self) -> None:
-        """Faust's own flush, retried through broker outages (outbox.stop() ends it)."""
-        assert self._faust_flush is not None
-        attempt = 0
-        while True:
-            try:
-                await self._faust_flush()
-                return
-            except Exception as exc:
-                if self.outbox.stopping:
-                    raise OutboxStoppedError("changelog flush") from exc
-                attempt += 1
-                log.warning("changelog flush failed (%s); retrying", exc)
-                await asyncio.sleep(min(2.0, 0.1 * attempt))
-
-
-async def commit_continuously(committer: Committer, outbox: KafkaOutbox,
-                              ready: Callable[[], bool]) -> None:
-    """Commit staged outputs continuously (a loop, not a timer: a commit can take
-    longer than CYCLE_S, and then the next one simply follows)."""
-    while not outbox.stopping:
-        await asyncio.sleep(CYCLE_S)
-        if not ready():
-            continue
-        try:
-            await committer.drain()
-        except Exception as exc:  # the commit hook raises too: offsets stay behind
-            log.error("output batch not committed: %s", exc)
 
 
 def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:

@@ -12,6 +12,8 @@ with its own consumer before going on.
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
 import time
 from collections.abc import Iterable
@@ -75,10 +77,14 @@ def committed_offsets(bootstrap: str, group: str, topics: Iterable[str],
 
 def read_range(bootstrap: str, group: str, topic: str, partition: int, start: int, end: int,
                timeout_s: float = 60.0) -> list[Record]:
-    """The records of [start, end) of one partition (committed data only). `group` is
-    never joined (the partition is assigned), but ACLs want a name the app may use."""
+    """The records of [start, end) of one partition, as Faust's consumer sees them
+    (read_uncommitted, like aiokafka's default: a read_committed reader would wait behind
+    any open transaction that wrote to the partition before `start`, such as a forward of
+    a process just killed, for up to the transaction timeout, and then miss the range).
+    `group` is never joined (the partition is assigned), but ACLs want a name the app may
+    use. Raises GapReadError when the range cannot be read within `timeout_s`."""
     c = make_consumer(bootstrap, group, log_level=3,
-                      **{"enable.partition.eof": True})
+                      **{"enable.partition.eof": True, "isolation.level": "read_uncommitted"})
     out: list[Record] = []
     try:
         c.assign([TopicPartition(topic, partition, start)])
@@ -91,19 +97,49 @@ def read_range(bootstrap: str, group: str, topic: str, partition: int, start: in
                 # consumer is handed): nothing more will come from it
                 pos = c.position([tp])[0].offset
                 if pos is not None and pos >= end:
-                    break
+                    return out
                 continue
             err = msg.error()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:
-                    break
+                    return out
                 continue
             off = msg.offset()
             if off is None:
                 continue
             if off >= end:
-                break
+                return out
+            if off < start:  # the range was gone (retention): reset to the earliest
+                continue
             out.append((off, msg.key(), msg.value()))
-        return out
+        raise GapReadError(f"{topic}[{partition}] {start}..{end - 1}: read {len(out)} "
+                           f"record(s) in {timeout_s:.0f}s, not the whole range")
     finally:
         c.close()
+
+
+class GapReadError(RuntimeError):
+    """A skipped range could not be read again: its requests would be lost."""
+
+
+async def read_again(guard: GapGuard, bootstrap: str, group: str, topic: str, partition: int,
+                     start: int, end: int) -> list[Record]:
+    """The records Faust jumped over, read with a consumer of our own; retried until read
+    (a request is never given up), the request agent waiting meanwhile."""
+    for attempt in itertools.count():
+        try:
+            missed = await asyncio.to_thread(read_range, bootstrap, group, topic, partition,
+                                             start, end)
+        except Exception as exc:  # the broker unreachable, or the read timed out
+            log.error("could not read skipped request offsets %s[%d] %d..%d again (%s); "
+                      "retrying", topic, partition, start, end - 1, exc)
+            await asyncio.sleep(min(2.0 ** attempt, 30.0))
+            continue
+        if missed:
+            log.error("request offsets %s[%d] %d..%d were skipped at startup: read %d "
+                      "request(s) again", topic, partition, start, end - 1, len(missed))
+        else:  # only transaction markers lay there (the commit of a forward)
+            log.info("offsets %s[%d] %d..%d held no request", topic, partition, start, end - 1)
+        guard.recovered += len(missed)
+        return missed
+    raise AssertionError("unreachable")

@@ -1,0 +1,95 @@
+"""Commits the outbox's staged outputs and holds Faust's offset commits behind them
+(docs/reliability.md, "Crash safety")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+import faust
+
+from triage.streams.health import Health
+from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
+
+log = logging.getLogger(__name__)
+
+CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch adds)
+
+
+class Committer:
+    """Commits staged outputs (outbox.py) and holds Faust's offset commits behind them.
+
+    One batch at a time: seal it, flush Faust's producer (the changelog writes of the
+    batch are then durable), commit its transaction. Faust flushes its producer right
+    before it commits input offsets; the wrapper installed here commits every batch
+    staged until then first, so offsets never pass an input whose outputs are not out."""
+
+    def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health) -> None:
+        self.app = app
+        self.outbox = outbox
+        self.health = health
+        self.lock = asyncio.Lock()
+        self._faust_flush: Callable[[], Awaitable[None]] | None = None
+
+    def install(self) -> None:
+        if self._faust_flush is not None:
+            return
+        producer = self.app.producer
+        self._faust_flush = producer.flush
+        committer = self
+
+        async def flush() -> None:
+            await committer.drain()
+
+        producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
+
+    async def drain(self) -> None:
+        """Commit every output staged before this call (raises if the outbox stopped)."""
+        outbox = self.outbox
+        target = outbox.seq
+        async with self.lock:
+            if outbox.confirmed >= target:
+                return
+            if outbox.sealed >= target:  # sealed by a drain that failed
+                raise OutboxStoppedError(f"batch {target} was not committed")
+            seq, batch = outbox.seal()
+            assert self._faust_flush is not None
+            self.health.publishing_since = time.monotonic()
+            try:
+                await self._flush_changelog()
+                if batch:
+                    await asyncio.to_thread(outbox.publish, seq, batch)
+                outbox.confirm(seq)
+            finally:
+                self.health.publishing_since = None
+
+    async def _flush_changelog(self) -> None:
+        """Faust's own flush, retried through broker outages (outbox.stop() ends it)."""
+        assert self._faust_flush is not None
+        attempt = 0
+        while True:
+            try:
+                await self._faust_flush()
+                return
+            except Exception as exc:
+                if self.outbox.stopping:
+                    raise OutboxStoppedError("changelog flush") from exc
+                attempt += 1
+                log.warning("changelog flush failed (%s); retrying", exc)
+                await asyncio.sleep(min(2.0, 0.1 * attempt))
+
+
+async def commit_continuously(committer: Committer, outbox: KafkaOutbox,
+                              ready: Callable[[], bool]) -> None:
+    """Commit staged outputs continuously (a loop, not a timer: a commit can take
+    longer than CYCLE_S, and then the next one simply follows)."""
+    while not outbox.stopping:
+        await asyncio.sleep(CYCLE_S)
+        if not ready():
+            continue
+        try:
+            await committer.drain()
+        except Exception as exc:  # the commit hook raises too: offsets stay behind
+            log.error("output batch not committed: %s", exc)
