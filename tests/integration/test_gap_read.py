@@ -39,7 +39,7 @@ def test_a_skipped_range_behind_an_open_transaction_is_read_whole(kafka_bootstra
     plain.flush(10)
     try:
         got = read_range(kafka_bootstrap, "gap-test", topic, 0, 2, 4, timeout_s=20.0)
-        assert [(off, value) for off, _key, value in got] == [(2, b"r2"), (3, b"r3")]
+        assert [(off, value) for off, _key, value, _headers in got] == [(2, b"r2"), (3, b"r3")]
     finally:
         zombie.abort_transaction(30)
 
@@ -56,5 +56,5 @@ def test_a_range_that_cannot_be_read_raises_and_read_again_counts_what_it_found(
     plain.flush(10)
     guard = GapGuard()
     got = asyncio.run(read_again(guard, kafka_bootstrap, "gap-test", topic, 0, 1, 3))
-    assert [value for _off, _key, value in got] == [b"r1", b"r2"]
+    assert [value for _off, _key, value, _headers in got] == [b"r1", b"r2"]
     assert guard.recovered == 2

@@ -4,6 +4,7 @@ recovery seeing only its own state (the Faust wiring runs in tests/integration).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -16,7 +17,15 @@ from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import ListOutbox
 from triage.streams.sharding import ShardedServices
 from triage.streams.store import ShardKeys
-from triage.topics.messages import Completion, CompletionStatus, InferenceRequest, LiveState
+from triage.topics.messages import (
+    Completion,
+    CompletionStatus,
+    DeadLetter,
+    InferenceRequest,
+    LiveState,
+    Reply,
+    ReplyStatus,
+)
 from triage.topics.names import TopicNames
 from triage.topics.shards import Shard, shard_of_model, shard_of_pool
 
@@ -87,7 +96,8 @@ def test_each_shard_decides_for_its_own_pools_and_sends_the_others_on() -> None:
                   offset=0, now=1.0)
     s0.on_request(topic="t.requests.a", key=b"r2", value=_req("r2", "m2"), partition=0,
                   offset=1, now=1.0)
-    assert out.forwarded == [("t.requests.a", 1, _req("r2", "m2"))]
+    # it names where it was read: a dead letter made on shard 1 points at that record
+    assert out.forwarded == [("t.requests.a", 1, _req("r2", "m2"), [("triage-origin", b"0:1")])]
     assert s0.store.get_request("r2") is None  # the owner of p2 records it, not shard 0
     rec = s0.store.get_request("r1")
     assert rec is not None and rec.state is LiveState.RUNNING and rec.pool == "p1"
@@ -98,6 +108,74 @@ def test_each_shard_decides_for_its_own_pools_and_sends_the_others_on() -> None:
                    started_at_ms=0, finished_at_ms=1)
     s0.on_completion(c.to_bytes(), now=2.0)
     assert out.forwarded[-1][:2] == ("t.completions", 1)
+
+
+def test_an_invalid_copy_of_an_id_served_on_another_shard_gets_no_second_reply() -> None:
+    """Found by the two-instance poison run: an invalid message reusing an id that the
+    model's shard served was answered `invalid` on the shard it landed on, which did not
+    know the id. It is forwarded like a valid one; the owner knows the id and stays
+    silent, and what it dead-letters names the record the producer wrote."""
+    cfg = _config()
+    shards, out = _sharded(cfg)
+    for n in (0, 1):
+        shards.adopt(n, 0.0, committed=0)
+    s0, s1 = shards.get(0), shards.get(1)
+    assert s0 is not None and s1 is not None
+    s1.on_request(topic="t.requests.a", key=b"r9", value=_req("r9", "m2"), partition=1,
+                  offset=0, now=1.0)
+    bad = _req("r9", "m2").replace(b'"prompt_tokens":500', b'"prompt_tokens":-1')
+    assert bad != _req("r9", "m2")
+    replies = len(out.on("t.replies.a"))
+    s0.on_request(topic="t.requests.a", key=b"r9", value=bad, partition=0, offset=5, now=1.5)
+    assert out.forwarded[-1] == ("t.requests.a", 1, bad, [("triage-origin", b"0:5")])
+    assert len(out.on("t.replies.a")) == replies  # shard 0 answered nothing itself
+    s1.on_request(topic="t.requests.a", key=b"r9", value=bad, partition=1, offset=3,
+                  now=1.6, headers=out.forwarded[-1][3])
+    assert len(out.on("t.replies.a")) == replies  # the owner knows r9: no second terminal
+    dead = [DeadLetter.model_validate_json(v) for v in out.on("t.deadletter")]
+    assert [(d.partition, d.offset) for d in dead] == [(0, 5)]
+    # a fresh id is answered `invalid` by the owner, once
+    fresh = bad.replace(b"r9", b"r10")
+    s0.on_request(topic="t.requests.a", key=b"r10", value=fresh, partition=0, offset=6,
+                  now=2.0)
+    s1.on_request(topic="t.requests.a", key=b"r10", value=fresh, partition=1, offset=4,
+                  now=2.0, headers=out.forwarded[-1][3])
+    assert [r.status for r in map(Reply.model_validate_json, out.on("t.replies.a")[replies:])] \
+        == [ReplyStatus.INVALID]
+
+
+def test_an_invalid_request_too_large_to_forward_sends_its_verdict_on() -> None:
+    """Forwarding a 600 KB invalid message stalled the outbox (the broker refused the
+    batch); the shard it lands on keeps it as a dead letter and forwards a verdict."""
+    cfg = _config()
+    shards, out = _sharded(cfg)
+    for n in (0, 1):
+        shards.adopt(n, 0.0, committed=0)
+    s0, s1 = shards.get(0), shards.get(1)
+    assert s0 is not None and s1 is not None
+    s1.on_request(topic="t.requests.a", key=b"r9", value=_req("r9", "m2"), partition=1,
+                  offset=0, now=1.0)
+    replies = len(out.on("t.replies.a"))
+
+    def big(rid: str) -> bytes:
+        return json.dumps({"request_id": rid, "tenant": "a", "model": "m2",
+                           "prompt_tokens": 5, "max_tokens": 5, "prompt": "x" * 600_000}).encode()
+
+    for n, rid in enumerate(("r9", "r11")):  # a copy of an id served on shard 1, a fresh one
+        value = big(rid)
+        s0.on_request(topic="t.requests.a", key=rid.encode(), value=value, partition=0,
+                      offset=7 + n, now=2.0)
+        topic, part, fwd, headers = out.forwarded[-1]
+        assert (topic, part) == ("t.requests.a", 1) and len(fwd) < 5_000
+        assert headers == [("triage-origin", f"0:{7 + n}".encode()), ("triage-verdict", b"invalid")]
+        s1.on_request(topic="t.requests.a", key=rid.encode(), value=fwd, partition=1,
+                      offset=3 + n, now=2.0, headers=headers)
+    dead = [DeadLetter.model_validate_json(v) for v in out.on("t.deadletter")]
+    assert [(d.partition, d.offset, d.value_bytes) for d in dead] == [
+        (0, 7, len(big("r9"))), (0, 8, len(big("r11")))]  # once each, where it was written
+    answers = [Reply.model_validate_json(v) for v in out.on("t.replies.a")[replies:]]
+    assert [(r.request_id, r.status) for r in answers] == [("r11", ReplyStatus.INVALID)]
+    assert answers[0].detail is not None and "above the" in answers[0].detail
 
 
 def test_a_shard_taken_over_restores_only_its_records_and_buckets() -> None:
@@ -133,7 +211,7 @@ def test_a_batch_number_only_moves_up_and_replay_reads_the_shards_own_mark() -> 
     out.advance_past(20)  # the staged output moves with its batch
     assert out.seq == 21 and out.sealed == 10
     seq, batch = out.seal()
-    assert seq == 21 and batch == [("t.x", b"k", b"v", -1)] and out.sealed == 21
+    assert seq == 21 and batch == [("t.x", b"k", b"v", -1, None)] and out.sealed == 21
     # outputs of batches above the shard's last committed batch are sent again
     assert out.replay("r", [(5, "t.y", b"a"), (9, "t.y", b"b")], after=6) == 1
 

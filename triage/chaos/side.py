@@ -103,6 +103,22 @@ class PoisonFlow:
                            "dead_lettered": dead, "not_delivered": not_delivered,
                            "unaccounted": unaccounted + not_delivered, "duplicates": dups}}
 
+    def unaccounted(self) -> list[tuple[str, str, list[int | None]]]:
+        """The entries `count` has not accounted for yet: (kind, expected, [partition,
+        offset]), for a failing test's message."""
+        out = []
+        for e, slot, errs in self.sent:
+            if errs or slot[0] is None or slot[1] is None:
+                ok = False
+            elif e.expect is Expect.DEAD_LETTER:
+                ok = bool(self._obs.dead.get((self._topic, slot[0], slot[1])))
+            else:
+                s = self._obs.side.get(e.key.decode())
+                ok = s is not None and s.terminals >= 1
+            if not ok:
+                out.append((e.name, e.expect.value, slot))
+        return out
+
     def max_gap_s(self) -> float | None:
         """Longest pause between the app's decisions (any reply's at_ms) from the first
         round sent until 10 s after the last: a restart or stalled agent shows here."""

@@ -216,13 +216,15 @@ def build_app(
             service = await owner(msg.partition)
             skipped = gaps.check(msg.topic, msg.partition, msg.offset)
             if skipped is not None:  # see gaps.py: read what Faust jumped over first
-                for off, key, value in await read_again(
+                for off, key, value, headers in await read_again(
                         gaps, k.bootstrap_servers, f"{app_id}.gap-reader", msg.topic,
                         msg.partition, *skipped):
                     service.on_request(topic=msg.topic, key=key, value=value,
-                                       partition=msg.partition, offset=off, now=time.time())
+                                       partition=msg.partition, offset=off, now=time.time(),
+                                       headers=headers)
             service.on_request(topic=msg.topic, key=event.key, value=event.value,
-                               partition=msg.partition, offset=msg.offset, now=time.time())
+                               partition=msg.partition, offset=msg.offset, now=time.time(),
+                               headers=event.headers)
 
     @app.agent(completions_topic, concurrency=1)
     async def completions(stream: Any) -> None:

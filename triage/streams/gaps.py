@@ -17,6 +17,7 @@ import itertools
 import logging
 import time
 from collections.abc import Iterable
+from typing import Any
 
 from confluent_kafka import KafkaError, TopicPartition
 
@@ -25,7 +26,8 @@ from triage.kafka.clients import make_consumer
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # topic, partition
-Record = tuple[int, bytes | None, bytes | None]  # offset, key, value
+# offset, key, value, headers
+Record = tuple[int, bytes | None, bytes | None, Any]  # headers as confluent-kafka gives them
 
 
 class GapGuard:
@@ -111,7 +113,7 @@ def read_range(bootstrap: str, group: str, topic: str, partition: int, start: in
                 return out
             if off < start:  # the range was gone (retention): reset to the earliest
                 continue
-            out.append((off, msg.key(), msg.value()))
+            out.append((off, msg.key(), msg.value(), msg.headers()))
         raise GapReadError(f"{topic}[{partition}] {start}..{end - 1}: read {len(out)} "
                            f"record(s) in {timeout_s:.0f}s, not the whole range")
     finally:

@@ -30,7 +30,9 @@ from triage.topics.messages import Message, OutboxMark
 
 log = logging.getLogger(__name__)
 
-Output = tuple[str, bytes | None, bytes, int]  # topic, key, value, partition (-1: by key)
+Headers = list[tuple[str, bytes]]
+# topic, key, value, partition (-1: by key), headers (a forward's origin; else none)
+Output = tuple[str, bytes | None, bytes, int, Headers | None]
 Pending = tuple[int, str, bytes]  # batch, topic, value (keyed by the record's id)
 MARK_KEY = b"commit"
 TXN_TIMEOUT_MS = 300_000
@@ -45,7 +47,8 @@ class Outbox(Protocol):
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None: ...
 
-    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None: ...
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                headers: Headers | None = None) -> None: ...
 
     def pending_for(self, key: str) -> list[Pending]: ...
 
@@ -80,16 +83,17 @@ class BatchedOutbox:
         self.send_raw(topic, key.encode(), message.to_bytes())
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
-        self._staged.append((topic, key, value, -1))
+        self._staged.append((topic, key, value, -1, None))
         if key is not None:
             self._pending.setdefault(key, []).append((self.seq, topic, value))
         self.sent += 1
 
-    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                headers: Headers | None = None) -> None:
         """An input read on the wrong shard, sent on to its own partition in this batch.
         Nothing to replay: until the batch commits the input's offset is not committed
         either, so a crash reads (and forwards) it again."""
-        self._staged.append((topic, key, value, partition))
+        self._staged.append((topic, key, value, partition, headers))
         self.sent += 1
 
     def pending_for(self, key: str) -> list[Pending]:
@@ -266,8 +270,8 @@ class KafkaOutbox(BatchedOutbox):
         p: object = self._producer
         try:
             p.begin_transaction()  # type: ignore[attr-defined]
-            for topic, key, value, partition in batch:
-                self._produce(p, topic, key, value, partition)
+            for topic, key, value, partition, headers in batch:
+                self._produce(p, topic, key, value, partition, headers)
             mark = OutboxMark(seq=seq).to_bytes()
             for shard in sorted(self.mark_partitions):
                 self._produce(p, self.marks_topic, MARK_KEY, mark, shard)
@@ -293,11 +297,11 @@ class KafkaOutbox(BatchedOutbox):
             raise
 
     def _produce(self, p: object, topic: str, key: bytes | None, value: bytes,
-                 partition: int = -1) -> None:
+                 partition: int = -1, headers: Headers | None = None) -> None:
         while True:
             try:
                 p.produce(topic, value=value, key=key,  # type: ignore[attr-defined]
-                          partition=partition)
+                          partition=partition, headers=headers)
                 return
             except BufferError:  # local queue full: let librdkafka drain, then retry
                 p.poll(0.05)  # type: ignore[attr-defined]
@@ -319,20 +323,22 @@ class ListOutbox(BatchedOutbox):
         super().__init__()
         self.messages: list[tuple[str, str | None, bytes]] = []
         self.published: list[tuple[str, str | None, bytes]] = []
-        self.forwarded: list[tuple[str, int, bytes]] = []  # topic, partition, value
+        # topic, partition, value, headers
+        self.forwarded: list[tuple[str, int, bytes, Headers | None]] = []
 
     def send_raw(self, topic: str, key: bytes | None, value: bytes) -> None:
         super().send_raw(topic, key, value)
         self.messages.append((topic, key.decode() if key else None, value))
 
-    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
-        super().forward(topic, partition, key, value)
-        self.forwarded.append((topic, partition, value))
+    def forward(self, topic: str, partition: int, key: bytes | None, value: bytes,
+                headers: Headers | None = None) -> None:
+        super().forward(topic, partition, key, value, headers)
+        self.forwarded.append((topic, partition, value, headers))
 
     def commit(self) -> int:
         """Seal and 'publish' the current batch; returns its number."""
         seq, batch = self.seal()
-        self.published.extend((t, k.decode() if k else None, v) for t, k, v, _ in batch)
+        self.published.extend((t, k.decode() if k else None, v) for t, k, v, _, _ in batch)
         self.confirm(seq)
         return seq
 

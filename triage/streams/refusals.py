@@ -77,21 +77,24 @@ class Refusals:
     def invalid(
         self, tenant: str, problem: Invalid, *, live_in_core: bool, policy: tuple[str, str],
         topic: str, partition: int | None, offset: int | None, key: bytes | None,
-        value: bytes | None, now: float,
+        value: bytes | None, now: float, kept: bool = False,
     ) -> None:
         """Answer `invalid` on the topic's tenant's reply topic, keep the bytes as a dead
-        letter, record the decision; or, for an id already taken, only the dead letter."""
+        letter, record the decision; or, for an id already taken, only the dead letter.
+        `kept`: the shard that forwarded this verdict dead-lettered the bytes already."""
         rid = problem.request_id
         prior = self.prior_state(rid, live_in_core)
         if prior is not None:
             self.metrics.duplicates.labels(tenant).inc()
-            self.dead_letter(topic, partition, offset, key, value,
-                             f"request id {rid!r} is already {prior}: this message is not "
-                             f"answered, the first request's answer stands ({problem.detail})",
-                             "gate", now)
+            if not kept:
+                self.dead_letter(topic, partition, offset, key, value,
+                                 f"request id {rid!r} is already {prior}: this message is "
+                                 f"not answered, the first request's answer stands "
+                                 f"({problem.detail})", "gate", now)
             return
         self.metrics.invalid.labels(tenant, problem.reason.value).inc()
-        self.dead_letter(topic, partition, offset, key, value, problem.detail, "gate", now)
+        if not kept:
+            self.dead_letter(topic, partition, offset, key, value, problem.detail, "gate", now)
         if self.names.tenant_of_request_topic(topic) is None:
             return  # not a tenant's topic: nobody to answer
         model = problem.model or "unknown"

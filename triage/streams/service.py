@@ -16,6 +16,7 @@ from triage.admission.core import AdmissionCore
 from triage.config.models import TenantConfig, TriageConfig
 from triage.streams import codec
 from triage.streams.emitting import RequestSide, ServiceOutputs
+from triage.streams.forwarding import Forwarder
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import Outbox
 from triage.streams.refusals import FailureLog, Refusals
@@ -32,7 +33,12 @@ from triage.topics.messages import (
 )
 from triage.topics.names import TopicNames
 from triage.topics.reasons import ReasonCode
-from triage.topics.shards import Shard, shard_of_pool
+from triage.topics.shards import (
+    Origin,
+    Shard,
+    is_verdict,
+    origin_of,
+)
 from triage.topics.validation import Invalid, Unparseable, check_request, parse_request
 
 log = logging.getLogger(__name__)
@@ -70,6 +76,7 @@ class AdmissionService(ServiceOutputs):
         self._refusals = Refusals(names=names, outbox=outbox, store=store, metrics=self.metrics,
                                   done=self._done,
                                   keep_bytes=config.admission.deadletter_value_bytes)
+        self._forward = Forwarder(outbox, self.metrics, self._refusals)
         self._withdrawn: list[tuple[LiveRequest, ReasonCode, str]] = []
         self._next_config: TriageConfig | None = None
         self._failures = FailureLog(self.metrics)
@@ -191,14 +198,21 @@ class AdmissionService(ServiceOutputs):
     # --- inputs -----------------------------------------------------------------------
     def on_request(
         self, *, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
-        offset: int | None, now: float,
+        offset: int | None, now: float, headers: object = None,
     ) -> None:
         """A message on a tenant's request topic. Never raises: a message that breaks its
         handler is dead-lettered (and answered `invalid` when it names a fresh id) with a
-        log line, and the next message is served."""
+        log line, and the next message is served. `headers`: a forward's (sharding) say
+        where it was first read (dead letters and logs name that record), or that it is
+        an InvalidVerdict."""
+        origin = origin_of(headers)
         try:
-            self._on_request(topic, key, value, partition, offset, now)
+            if is_verdict(headers) and self._forward.answer_verdict(
+                    topic, key, value, origin, now, self.core.live, self._policy()):
+                return
+            self._on_request(topic, key, value, partition, offset, now, origin)
         except Exception as exc:
+            partition, offset = origin or (partition, offset)
             self._failed("request", "gate", topic, exc, key, value, partition, offset, now)
 
     def _failed(
@@ -213,14 +227,20 @@ class AdmissionService(ServiceOutputs):
 
     def _on_request(
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
-        offset: int | None, now: float,
+        offset: int | None, now: float, origin: Origin | None,
     ) -> None:
         tenant = self.names.tenant_of_request_topic(topic) or "unknown"
         parsed = parse_request(value, max_bytes=self.config.admission.max_message_bytes)
-        if not isinstance(parsed, (Unparseable, Invalid)) and self._forwarded(
-            topic, partition, key, value or b"", self._pool_of_model(parsed.model)
-        ):
+        # an invalid message is answered by its model's shard too: only that shard knows
+        # whether its id is fresh (one terminal reply per id)
+        if origin is None and partition is not None and offset is not None:
+            origin = partition, offset
+        if not isinstance(parsed, Unparseable) and self._forward.request(
+                self.config, self.shard, topic, partition, key, value or b"", parsed, origin,
+                now):
             return
+        if origin is not None:
+            partition, offset = origin
         self.metrics.child(self.metrics.requests, tenant).inc()
         if isinstance(parsed, Unparseable):
             self._refusals.dead_letter(topic, partition, offset, key, value, parsed.error,
@@ -259,24 +279,6 @@ class AdmissionService(ServiceOutputs):
         self._side[rid] = RequestSide(req.prompt, dict(req.metadata), req.stream, req.messages)
         self._emit(decisions, now, arrival=p)
 
-    def _pool_of_model(self, model: str) -> str | None:
-        m = self.config.models_by_name.get(model)
-        return None if m is None else m.pool
-
-    def _forwarded(self, topic: str, partition: int | None, key: bytes | None, value: bytes,
-                   pool: str | None) -> bool:
-        """A sharded app's input for a configured pool of another shard (a producer that
-        did not route it): sent on to that shard's partition, in this batch."""
-        if self.shard is None or pool is None or pool in self.shard.pools \
-                or pool not in self.config.pools_by_name:
-            return False
-        target = shard_of_pool(self.config, pool)
-        if target == partition:
-            return False  # on its own partition already: the config changed under it
-        self.outbox.forward(topic, target, key, value)
-        self.metrics.forwarded.labels(topic).inc()
-        return True
-
     def on_completion(self, value: bytes | None, *, key: bytes | None = None,
                       partition: int | None = None, offset: int | None = None,
                       now: float) -> None:
@@ -303,8 +305,8 @@ class AdmissionService(ServiceOutputs):
 
     def _on_completion(self, c: Completion, now: float) -> None:
         d = self.core.dispatchers.get(c.pool)
-        if d is None and self._forwarded(self.names.completions, None, c.request_id.encode(),
-                                         c.to_bytes(), c.pool):
+        if d is None and self._forward.send(self.config, self.shard, self.names.completions,
+                                            None, c.request_id.encode(), c.to_bytes(), c.pool):
             return
         if d is None:
             log.warning("completion for unknown pool %r (%s)", c.pool, c.request_id)
@@ -351,8 +353,8 @@ class AdmissionService(ServiceOutputs):
                                        str(exc), "status", now)
             return
         d = self.core.dispatchers.get(st.pool)
-        if d is None and self._forwarded(self.names.gpu_status, partition, key, value or b"",
-                                         st.pool):
+        if d is None and self._forward.send(self.config, self.shard, self.names.gpu_status,
+                                            partition, key, value or b"", st.pool):
             return
         if d is None:
             log.warning("heartbeat from %s for unknown pool %r", st.gpu_id, st.pool)

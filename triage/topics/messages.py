@@ -432,6 +432,18 @@ class DeadLetter(Message):
         )
 
 
+class InvalidVerdict(Message):
+    """An invalid request too large to forward (sharding): the shard it landed on kept
+    the bytes as a dead letter and sends the verdict on to the shard of its model, which
+    knows whether the id is fresh and answers (topic: the request's own, header
+    `triage-verdict`)."""
+
+    request_id: RequestId
+    model: ModelName | None = None
+    reason: ReasonCode
+    detail: str = Field(max_length=4000)
+
+
 class Tick(Message):
     """The admission app's clock tick (topic triage.admission). Ticks travel through Kafka
     so the dispatcher handles them as events, in order with everything else, and may

@@ -11,6 +11,7 @@ per shard). Pure functions of the config, so workers, clients and the app agree.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from triage.config.models import TriageConfig
@@ -75,3 +76,43 @@ class Shard:
 
 def shard(config: TriageConfig, index: int) -> Shard:
     return Shard(index, pools_of_shard(config, index))
+
+
+# A forward names where its input was first read, so that a dead letter or an `invalid`
+# reply made on the receiving shard points at the record its producer wrote.
+ORIGIN_HEADER = "triage-origin"
+VERDICT_HEADER = "triage-verdict"  # the value is an InvalidVerdict, not a request
+Origin = tuple[int, int]  # partition, offset (the topic is the forward's own)
+
+
+def origin_header(origin: Origin) -> tuple[str, bytes]:
+    return ORIGIN_HEADER, f"{origin[0]}:{origin[1]}".encode()
+
+
+def _header(headers: object, name: str) -> bytes | None:
+    """One header's value from headers as a Kafka client hands them (a dict, or
+    (name, value) pairs)."""
+    if not headers:
+        return None
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    if not isinstance(items, Iterable):
+        return None
+    for item in items:
+        if isinstance(item, tuple) and len(item) == 2 and item[0] == name:
+            raw = item[1]
+            return raw if isinstance(raw, bytes) else str(raw).encode()
+    return None
+
+
+def is_verdict(headers: object) -> bool:
+    return _header(headers, VERDICT_HEADER) is not None
+
+
+def origin_of(headers: object) -> Origin | None:
+    """The origin a forward carries; None for a record its producer wrote, or for a
+    header that does not read as an origin (the record is then named where it lies)."""
+    raw = _header(headers, ORIGIN_HEADER)
+    if raw is None:
+        return None
+    part, _, off = raw.decode("ascii", "replace").partition(":")
+    return (int(part), int(off)) if part.isdigit() and off.isdigit() else None
