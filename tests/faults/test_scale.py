@@ -14,6 +14,7 @@ import contextlib
 import re
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,6 +226,19 @@ class Cluster:
         self.split(["i0", "i1"])
         assert self.ready("i0") and self.ready("i1"), self.tails()
 
+    def state(self, name: str) -> str:
+        """The instance's decision metrics (for a failing test's message)."""
+        keep = ("triage_queue_depth{", "triage_gpus_up", "triage_admissions_total",
+                "triage_requests_total", "triage_forwarded_total", "triage_kv_reserved",
+                "triage_queue_timeouts_total", "triage_admission_tightened")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/metrics",
+                                        timeout=5) as r:
+                text = r.read().decode()
+        except OSError as exc:
+            return f"(no metrics from {name}: {exc})"
+        return "\n".join(ln for ln in text.splitlines() if ln.startswith(keep)) + "\n"
+
     def tails(self, lines: int = 40) -> str:
         return "".join(p.tail(lines) for n, p in self.procs.items() if n.startswith("i"))
 
@@ -264,7 +278,7 @@ def test_shards_split_fail_over_and_rebalance_with_every_request_answered_once(
         _wait(lambda: _held(tmp_path / f"{survivor}.log") == {0, 1}, 60, "the shard adopted")
         sender.join(timeout=120)
         client.wait_answered(180)
-        assert client.outstanding() == 0, procs[survivor].tail(150)
+        assert client.outstanding() == 0, cluster.state(survivor) + procs[survivor].tail(150)
         print(f"takeover after kill -9: {takeover_s:.1f}s")
 
         # a third instance joins: the shards are spread again, nothing is lost

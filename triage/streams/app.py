@@ -159,7 +159,7 @@ def build_app(
                     committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed)))
                 shards.adopt(0, time.time())
             else:
-                committed = await asyncio.to_thread(outbox.committed_for, partition)
+                committed = await asyncio.to_thread(outbox.take_over, partition)
                 gaps.forget(partition)
                 gaps.start_at(await asyncio.to_thread(
                     committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed),

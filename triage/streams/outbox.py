@@ -21,6 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
@@ -147,6 +148,16 @@ class BatchedOutbox:
                 self._pending[k] = [o for o in outs if o[0] > seq]
 
 
+@dataclass(frozen=True)
+class MarksState:
+    """What a shard's marks partition says: its last committed batch, who wrote it, and
+    whether a transaction is open on the partition now."""
+
+    seq: int
+    writer: str | None
+    open: bool
+
+
 class KafkaOutbox(BatchedOutbox):
     """The production outbox: one transaction per batch, with a marker on `marks_topic`."""
 
@@ -220,19 +231,47 @@ class KafkaOutbox(BatchedOutbox):
 
     def committed_for(self, shard: int) -> int:
         """The last batch committed for `shard` (its marks partition; blocking, retried)."""
-        return self._retry("read the outbox marker", lambda: self._last_marker(shard))
+        return self._retry("read the outbox marker", lambda: self._last_marker(shard)).seq
 
-    def _last_marker(self, partition: int) -> int:
-        """The batch named by the last committed marker (0 when there is none)."""
+    def take_over(self, shard: int) -> int:
+        """The last batch committed for `shard`, read when this process adopts it. When its
+        previous owner left a transaction open (killed mid-batch: every batch marks each
+        shard its writer holds), that writer is fenced first: its transaction is aborted
+        now, not at its timeout (TXN_TIMEOUT_MS), and read_committed readers (workers,
+        clients) stop waiting behind it."""
+        state = self._retry("read the outbox marker", lambda: self._last_marker(shard))
+        if state.open and state.writer not in (None, self._txn_id):
+            assert state.writer is not None
+            writer = state.writer
+            self._retry(f"fence {writer}", lambda: self._fence(writer))
+            log.warning("shard %d: its previous writer %s left a transaction open: fenced "
+                        "(the transaction is aborted)", shard, writer)
+            state = self._retry("read the outbox marker", lambda: self._last_marker(shard))
+        elif state.open:
+            log.warning("shard %d: an open transaction of an unknown writer holds its "
+                        "readers until it times out", shard)
+        return state.seq
+
+    def _fence(self, writer: str) -> None:
+        """Take the transactional id `writer` over once: the coordinator aborts its open
+        transaction and bumps its epoch (the old process, if alive, is fenced and starts a
+        new producer, resending its batch)."""
+        p = make_producer(self._bootstrap, **{"transactional.id": writer,
+                                              "transaction.timeout.ms": TXN_TIMEOUT_MS})
+        p.init_transactions(30.0)
+
+    def _last_marker(self, partition: int) -> MarksState:
+        """The last committed marker of a marks partition (seq 0 when there is none), and
+        whether a transaction is open on it (its stable end short of its end)."""
         c = make_consumer(self._bootstrap, f"{self._txn_id}.marks", **{
             "isolation.level": "read_committed", "enable.partition.eof": True})
         try:
             tp = TopicPartition(self.marks_topic, partition)
             low, high = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
             if high <= low:
-                return 0
+                return MarksState(0, None, False)
             c.assign([TopicPartition(self.marks_topic, partition, max(low, high - 64))])
-            last = 0
+            last, writer = 0, None
             deadline = time.monotonic() + 30.0
             while time.monotonic() < deadline:
                 msg = c.poll(1.0)
@@ -241,10 +280,17 @@ class KafkaOutbox(BatchedOutbox):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:
-                        return last
+                        # read_committed, EOF lies at the last stable offset; the high
+                        # watermark of the last fetch (cached: a fresh query would answer
+                        # the stable offset again) lies past it while a transaction is open
+                        stable = c.position([tp])[0].offset
+                        _low, end = c.get_watermark_offsets(tp, cached=True)
+                        return MarksState(last, writer, 0 <= stable < end)
                     raise KafkaException(err)
                 if msg.key() == MARK_KEY:
-                    last = max(last, OutboxMark.from_bytes(msg.value() or b"").seq)
+                    mark = OutboxMark.from_bytes(msg.value() or b"")
+                    if mark.seq >= last:
+                        last, writer = mark.seq, mark.writer
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
         finally:
             c.close()
@@ -272,7 +318,7 @@ class KafkaOutbox(BatchedOutbox):
             p.begin_transaction()  # type: ignore[attr-defined]
             for topic, key, value, partition, headers in batch:
                 self._produce(p, topic, key, value, partition, headers)
-            mark = OutboxMark(seq=seq).to_bytes()
+            mark = OutboxMark(seq=seq, writer=self._txn_id).to_bytes()
             for shard in sorted(self.mark_partitions):
                 self._produce(p, self.marks_topic, MARK_KEY, mark, shard)
             while True:

@@ -459,6 +459,9 @@ class OutboxMark(Message):
     and every one before it reached the wire (recovery re-sends only later batches)."""
 
     seq: Annotated[int, Field(ge=0, strict=True)]
+    # the transactional id that wrote it: a process taking the shard over fences it when
+    # it left a transaction open (killed), so readers do not wait out its timeout
+    writer: str | None = Field(None, max_length=512)
 
 
 class LiveState(StrEnum):

@@ -1,0 +1,75 @@
+"""A shard taken over from a process killed mid-batch, against real Kafka: the new owner
+fences the old writer, so read_committed readers (workers, clients) do not wait out the
+dead process's transaction timeout (5 minutes) behind its open transaction. Found by
+tests/faults/test_scale.py: after kill -9 the GPU of the dead instance's shard saw none
+of its new work for the whole test."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import NewTopic
+
+from triage.kafka.clients import make_admin, make_consumer
+from triage.streams.outbox import MARK_KEY, KafkaOutbox
+from triage.topics.messages import OutboxMark
+
+
+def _topics(bootstrap: str, *names: str) -> None:
+    admin = make_admin(bootstrap)  # held until the results: its handle must outlive them
+    for f in admin.create_topics([NewTopic(n, 2, 1) for n in names]).values():
+        f.result(timeout=30)
+
+
+def _committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]:
+    """What a read_committed reader (a worker) is handed from the partition, up to its end
+    (empty when an open transaction holds it back)."""
+    c = make_consumer(bootstrap, f"{topic}.reader", **{"enable.partition.eof": True})
+    out: list[bytes] = []
+    try:
+        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+        for _ in range(20):
+            msg = c.poll(1.0)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                break
+            if err is None:
+                out.append(msg.value() or b"")
+        return out
+    finally:
+        c.close()
+
+
+def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
+    kafka_bootstrap: str,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"fence-{tag}.outbox", f"fence-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    dead_id = f"fence-{tag}.outbox.instance-i0"
+    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": dead_id})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()  # batch 7 commits: work and the shard's mark
+    zombie.produce(work, b"w7", partition=1)
+    zombie.produce(marks, OutboxMark(seq=7, writer=dead_id).to_bytes(), MARK_KEY, partition=1)
+    zombie.commit_transaction(30)
+    zombie.begin_transaction()  # batch 8 is in flight when the process dies
+    zombie.produce(work, b"w8", partition=1)
+    zombie.produce(marks, OutboxMark(seq=8, writer=dead_id).to_bytes(), MARK_KEY, partition=1)
+    zombie.flush(10)
+    # the survivor's own work for the shard lands behind the open transaction
+    later = Producer({"bootstrap.servers": kafka_bootstrap})
+    later.produce(work, b"new", partition=1)
+    later.flush(10)
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7"]  # held back
+
+    survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"fence-{tag}.outbox.instance-i1",
+                           marks_topic=marks, shards=2)
+    assert survivor.take_over(1) == 7  # the open batch 8 never committed
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7", b"new"]  # w8 aborted
+    # nothing open any more: a second take-over fences no one and reads the same
+    assert survivor.take_over(1) == 7
+    assert survivor.take_over(0) == 0  # a shard nobody wrote
