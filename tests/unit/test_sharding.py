@@ -110,19 +110,24 @@ def test_each_shard_decides_for_its_own_pools_and_sends_the_others_on() -> None:
     assert out.forwarded[-1][:2] == ("t.completions", 1)
 
 
-def test_an_invalid_copy_of_an_id_served_on_another_shard_gets_no_second_reply() -> None:
-    """Found by the two-instance poison run: an invalid message reusing an id that the
-    model's shard served was answered `invalid` on the shard it landed on, which did not
-    know the id. It is forwarded like a valid one; the owner knows the id and stays
-    silent, and what it dead-letters names the record the producer wrote."""
-    cfg = _config()
-    shards, out = _sharded(cfg)
+def _two_shards_with_r9_served() -> tuple[Any, Any, ListOutbox]:
+    """Both shards held by one process; r9 (model m2) served by its owner, shard 1."""
+    shards, out = _sharded(_config())
     for n in (0, 1):
         shards.adopt(n, 0.0, committed=0)
     s0, s1 = shards.get(0), shards.get(1)
     assert s0 is not None and s1 is not None
     s1.on_request(topic="t.requests.a", key=b"r9", value=_req("r9", "m2"), partition=1,
                   offset=0, now=1.0)
+    return s0, s1, out
+
+
+def test_an_invalid_copy_of_an_id_served_on_another_shard_gets_no_second_reply() -> None:
+    """Found by the two-instance poison run: an invalid message reusing an id that the
+    model's shard served was answered `invalid` on the shard it landed on, which did not
+    know the id. It is forwarded like a valid one; the owner knows the id and stays
+    silent, and what it dead-letters names the record the producer wrote."""
+    s0, s1, out = _two_shards_with_r9_served()
     bad = _req("r9", "m2").replace(b'"prompt_tokens":500', b'"prompt_tokens":-1')
     assert bad != _req("r9", "m2")
     replies = len(out.on("t.replies.a"))
@@ -147,14 +152,7 @@ def test_an_invalid_copy_of_an_id_served_on_another_shard_gets_no_second_reply()
 def test_an_invalid_request_too_large_to_forward_sends_its_verdict_on() -> None:
     """Forwarding a 600 KB invalid message stalled the outbox (the broker refused the
     batch); the shard it lands on keeps it as a dead letter and forwards a verdict."""
-    cfg = _config()
-    shards, out = _sharded(cfg)
-    for n in (0, 1):
-        shards.adopt(n, 0.0, committed=0)
-    s0, s1 = shards.get(0), shards.get(1)
-    assert s0 is not None and s1 is not None
-    s1.on_request(topic="t.requests.a", key=b"r9", value=_req("r9", "m2"), partition=1,
-                  offset=0, now=1.0)
+    s0, s1, out = _two_shards_with_r9_served()
     replies = len(out.on("t.replies.a"))
 
     def big(rid: str) -> bytes:
