@@ -4,6 +4,8 @@ broker; the app comes up ready and stops cleanly on SIGTERM."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import yaml
@@ -47,3 +49,35 @@ def test_topics_create_then_admission_with_a_fresh_datadir(
     log = (tmp_path / "admission.log").read_text(errors="replace")
     assert "Traceback" not in log, log[-3000:]
     assert "%3|" not in log
+
+
+def test_admission_refuses_topics_with_another_partition_count_in_one_line(
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+) -> None:
+    """Kafka keeps a topic's partition count: an unsharded deployment's topics (1
+    partition) under a config of 2 shards would leave shard 1 without a partition: the
+    app started and sat there (this test timed out before the check). It refuses to
+    start, exit 2, naming a topic, before it reads or writes anything."""
+    data = yaml.safe_load(EXAMPLE_CONFIG.read_text())
+    data["kafka"] = {**data.get("kafka", {}), "bootstrap_servers": kafka_bootstrap,
+                     "topic_prefix": topic_names.prefix}  # fmt: skip
+    data["metrics"] = {**data.get("metrics", {}), "admission_port": free_port()}
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump(data))
+    created = CliRunner().invoke(app, ["topics", "create", "-c", str(one)])
+    assert created.exit_code == 0, created.output
+
+    data["kafka"] = {**data["kafka"], "admission_partitions": 2, "request_partitions": 2}
+    two = tmp_path / "two.yaml"
+    two.write_text(yaml.safe_dump(data))
+    done = subprocess.run(
+        [sys.executable, "-m", "triage", "admission", "-c", str(two),
+         "--datadir", str(tmp_path / "data")],
+        capture_output=True, text=True, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"topic {topic_names.prefix}." in said, said
+    assert "has 1 partition" in said and "kafka.admission_partitions is 2" in said, said
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "data").exists() or not any((tmp_path / "data").iterdir())

@@ -57,7 +57,15 @@ from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
 from triage.streams.sharding import ShardedServices
 from triage.streams.store import BUCKETS, LEARNED, REQUESTS
-from triage.topics.admin import TopicSpec, create_topics, ensure_topics, topic_layout
+from triage.topics.admin import (
+    SHARDED_KINDS,
+    TopicSpec,
+    create_topics,
+    ensure_topics,
+    shard_layout_problem,
+    topic_layout,
+)
+from triage.topics.errors import ShardLayoutError
 from triage.topics.messages import Tick
 from triage.topics.names import TopicKind, TopicNames
 
@@ -105,6 +113,15 @@ def build_app(
     use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
     app_id = f"{names.prefix}.app.{config.admission.app_id}"
+    layout_problem = shard_layout_problem(k.bootstrap_servers, [
+        *(s.name for s in topic_layout(config, names) if s.kind in SHARDED_KINDS),
+        *_request_topics_on_broker(config, names),
+        f"{app_id}.outbox",  # the marks topic (engine.start_outbox)
+        # Faust names a table's changelog so (Collection._changelog_topic_name)
+        *(f"{app_id}-{table}-changelog" for table in (REQUESTS, BUCKETS, LEARNED)),
+    ], k.admission_partitions)
+    if layout_problem is not None:
+        raise ShardLayoutError(layout_problem)
     outbox = start_outbox(config, app_id)
     install_patches(names.requests_pattern)
     serve_control_partitions_first(names.requests_pattern)

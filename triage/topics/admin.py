@@ -200,6 +200,36 @@ def _mismatch(spec: TopicSpec, partitions: int) -> str | None:
     return None
 
 
+# The app's inputs: partition n of each is shard n (topic_layout), so each must have
+# exactly `kafka.admission_partitions` partitions.
+SHARDED_KINDS = frozenset(
+    {TopicKind.REQUESTS, TopicKind.ADMISSION, TopicKind.GPU_STATUS, TopicKind.COMPLETIONS}
+)
+
+
+def shard_layout_problem(bootstrap: str, topics: Iterable[str], partitions: int) -> str | None:
+    """Why the admission app cannot run on these existing topics, or None.
+
+    Every input topic, changelog and the marks topic must have `partitions` partitions
+    (one per shard). Kafka keeps a topic's partition count, so a deployment whose
+    `kafka.admission_partitions` changed would otherwise start, and sit there, with a
+    shard that has no partition (its pools never served), or with a changelog whose
+    records sit on another shard's partition than the one that owns them now."""
+    admin = make_admin(bootstrap, log_level=4)
+    present = _partition_counts(admin, _TIMEOUT_S)
+    wrong = sorted((n, present[n]) for n in set(topics) if present.get(n, partitions) != partitions)
+    if not wrong:
+        return None
+    name, count = wrong[0]
+    more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
+    return (
+        f"topic {name} has {count} partition{'s' if count != 1 else ''}{more} but "
+        f"kafka.admission_partitions is {partitions}: an existing topic keeps its partition "
+        "count; change the number of shards as docs/operations.md says (\"Changing the "
+        "number of shards\")"
+    )
+
+
 def _partition_counts(admin: AdminClient, timeout_s: float) -> dict[str, int]:
     try:
         md = admin.list_topics(timeout=timeout_s)
