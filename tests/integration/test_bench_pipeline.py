@@ -17,13 +17,14 @@ import pytest
 from triage.bench.children import BenchStartError
 from triage.bench.pipeline import RATIOS, run
 
-FIELDS = ("completed_per_s", "decisions_per_s", "p50_ms", "p99_ms",
+FIELDS = ("completed_per_s", "decisions_per_s", "p50_ms", "p99_ms", "warmup_p99_ms",
           "admission_cpu_us_per_request", "admission_cpu_s_per_1000_requests",
           "broker_produce_per_s", "broker_consume_per_s", "faust_relay_ceiling_per_s",
           "faust_table_ceiling_per_s", "faust_skeleton_ceiling_per_s",
           "faust_relay_cpu_us_per_msg", "faust_table_cpu_us_per_msg",
           "faust_skeleton_cpu_us_per_request")
 SMALL = ["--repetitions", "1", "--latency-rate", "200", "--latency-requests", "200",
+         "--warmup-requests", "50",
          "--burst-requests", "300", "--broker-messages", "2000", "--ceiling-messages", "300"]
 
 
@@ -71,6 +72,10 @@ def test_a_small_run_reports_every_figure_with_consistent_ratios(
     (rep,) = res["per_repetition"]
     assert rep["burst_completed"] == rep["burst_decided"] == 300, rep
     assert rep["latency_decided"] == 200
+    assert res["warmup_requests"] == 50
+    latency = json.loads((Path(res["run_dir"]) / "r1" / "latency.json").read_text())
+    assert len(latency) == 200  # (produce ms, latency ms) of each latency-phase request
+    assert max(ms for _, ms in latency) == rep["max_ms"]
     assert res["instances"] == 1 and res["pools"] == 1
     assert processes_naming(res["run_dir"]) == []
 
@@ -79,7 +84,7 @@ def test_a_failed_start_leaves_no_child_running(kafka_bootstrap: str, tmp_path: 
     # the admission app refuses two partitions at start; the workers are already up
     with pytest.raises(BenchStartError, match="admission-0 did not start"):
         run(bootstrap=kafka_bootstrap, out_dir=tmp_path, repetitions=1, latency_requests=100,
-            burst_requests=100, broker_messages=100, ceiling_messages=100,
+            warmup_requests=0, burst_requests=100, broker_messages=100, ceiling_messages=100,
             overrides={"kafka": {"request_partitions": 2}})
     (run_dir,) = tmp_path.iterdir()
     assert (run_dir / "r1" / "worker-g0.log").exists(), "the workers were started"

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import OFFSET_END, TopicPartition
+from confluent_kafka import OFFSET_END, Producer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from triage.bench.ceiling_app import CeilingKind
@@ -46,8 +46,8 @@ from triage.demo.processes import ChildProcess, scrape, wait_for_metric
 from triage.kafka.clients import broker_reachable, make_consumer, make_producer
 from triage.kafka.local import LocalBroker
 from triage.ports import free_port, free_run
-from triage.topics.admin import create_topics, delete_topics
-from triage.topics.names import TopicNames
+from triage.topics.admin import TopicSpec, create_topics, delete_topics, ensure_topics
+from triage.topics.names import TopicKind, TopicNames
 from triage.topics.shards import request_routes
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,7 @@ def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | No
     routes = routes or {}
     p = make_producer(bootstrap, **{"linger.ms": 2})
     p.list_topics(names.requests(tenant_list[0]), timeout=10)  # connected before the clock
+    warm_up(p, bootstrap, f"{names.prefix}.bench-warmup")
     tenants = [tenant_list[i % len(tenant_list)] for i in range(n)]
     built = [] if rate is not None else [
         request_bytes(f"{tag}-{i}", tenants[i], models[i % len(models)],
@@ -168,6 +169,19 @@ def _offer(bootstrap: str, names: TopicNames, tag: str, n: int, rate: float | No
             p.poll(0)
     p.flush(30)
     return n / max(1e-9, time.time() - start)
+
+
+def warm_up(producer: Producer, bootstrap: str, topic: str) -> None:
+    """Hold the clock until the producer can send at once. An idempotent producer asks
+    the broker for its producer id on a timer after it is created, and holds every
+    message until it has one: the first ~450 ms of a fresh producer's messages waited
+    that long (at 500/s, the first 225 requests of the latency phase; 1% of 5,000 is
+    50, so p99 read the client's start, not the app). One message to a topic of its own,
+    acknowledged, means the id is there."""
+    ensure_topics(bootstrap, [TopicSpec(topic, TopicKind.ADMISSION, 1, 1)])
+    producer.produce(topic, value=b"warm-up")
+    if producer.flush(30) != 0:
+        raise BenchStartError(f"the bench's producer could not write to {topic}")
 
 
 def _wait(seen: dict[str, int], ids: dict[str, int], timeout_s: float) -> None:
@@ -194,7 +208,7 @@ def _rate(stamps_ms: list[int], since_ms: int) -> float:
 
 def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, run_dir: Path,
                  *, instances: int, latency_rate: float, latency_requests: int,
-                 burst_requests: int) -> dict[str, Any]:
+                 burst_requests: int, warmup_requests: int = 0) -> dict[str, Any]:
     names = TopicNames(cfg.kafka.topic_prefix)
     create_topics(server, names, cfg)
     ports = [cfg.metrics.admission_port, *(free_port() for _ in range(instances - 1))]
@@ -220,12 +234,23 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
             raise BenchStartError(f"{dead[0]} exited: {_last_line(workers[0])}")
         clock.start()
         time.sleep(2.0)  # the workers' first heartbeats
-        lat_ids: dict[str, int] = {}
         routes = request_routes(cfg)  # as a client built from the config sends them
+        # A freshly started app's first second is slower (its first fetches, sends and
+        # transactions): measured apart, so p99 is the steady state's.
+        warm_ids: dict[str, int] = {}
+        if warmup_requests:
+            _offer(server, names, "warm", warmup_requests, latency_rate, models, tenant_list,
+                   warm_ids, routes)
+            _wait(clock.first, warm_ids, 120)
+        warm = sorted(clock.first[r] - t for r, t in warm_ids.items() if r in clock.first)
+        lat_ids: dict[str, int] = {}
         offered = _offer(server, names, "lat", latency_requests, latency_rate, models,
                          tenant_list, lat_ids, routes)
         _wait(clock.first, lat_ids, 120)
         lat = sorted(clock.first[r] - t for r, t in lat_ids.items() if r in clock.first)
+        (run_dir / "latency.json").write_text(json.dumps(sorted(
+            (t, clock.first[r] - t) for r, t in lat_ids.items() if r in clock.first
+        )))  # (produce ms, produce to first decision ms) of each request: where stalls fell
         _wait(clock.done, lat_ids, 300)  # the burst's CPU is the burst's alone
         pids = [p.proc.pid for p in admissions if p.proc is not None]
         cpu0 = sum(cpu_seconds(pid) for pid in pids)
@@ -245,6 +270,8 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
             "p50_ms": float(statistics.median(lat)) if lat else None,
             "p99_ms": float(lat[int(0.99 * (len(lat) - 1))]) if lat else None,
             "max_ms": float(lat[-1]) if lat else None,
+            "warmup_p99_ms": float(warm[int(0.99 * (len(warm) - 1))]) if warm else None,
+            "warmup_max_ms": float(warm[-1]) if warm else None,
             "admission_cpu_us_per_request": cpu_s / len(done) * 1e6 if done else None,
             "burst_offered_per_s": burst_offered, "burst_decided": len(decided),
             "burst_completed": len(done), "latency_offered_per_s": offered,
@@ -342,7 +369,8 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
-        burst_requests: int = 10_000, gpus: int = 2, pools: int = 1, tenants: int = 4,
+        warmup_requests: int = 500, burst_requests: int = 10_000, gpus: int = 2,
+        pools: int = 1, tenants: int = 4,
         instances: int = 1, shards: int | None = None,
         repetitions: int = 3, broker_messages: int = 100_000, ceiling_messages: int = 10_000,
         port: int = 9092, bootstrap: str | None = None,
@@ -377,6 +405,7 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
                                shards=shards, broker_messages=broker_messages,
                                ceiling_messages=ceiling_messages, overrides=overrides,
                                latency_rate=latency_rate, latency_requests=latency_requests,
+                               warmup_requests=warmup_requests,
                                burst_requests=burst_requests)
                     for i in range(repetitions)]
             out = summarize(reps)
@@ -385,6 +414,7 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
                         "tenants": tenants,
                         "gpus": gpus, "burst_requests": burst_requests,
                         "latency_requests": latency_requests,
+                        "warmup_requests": warmup_requests,
                         "ceiling_messages": ceiling_messages,
                         "broker_messages": broker_messages, "run_dir": str(run_dir),
                         "per_repetition": reps})

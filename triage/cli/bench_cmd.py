@@ -90,6 +90,10 @@ def pipeline(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
     latency_rate: float = typer.Option(500.0, help="Offered requests/s in the latency phase."),
     latency_requests: int = typer.Option(5_000, min=100, help="Requests in the latency phase."),
+    warmup_requests: int = typer.Option(
+        500, min=0, help="Requests at --latency-rate before the latency phase, measured "
+        "apart (warmup_p99_ms): a freshly started app's first second is slower."
+    ),
     burst_requests: int = typer.Option(
         10_000, min=100, help="Requests offered flat out (each one completes)."
     ),
@@ -147,6 +151,7 @@ def pipeline(
         require_broker(bootstrap, json_out=json_out)
     try:
         res = run(latency_rate=latency_rate, latency_requests=latency_requests,
+                  warmup_requests=warmup_requests,
                   burst_requests=burst_requests, gpus=gpus, pools=pools, tenants=tenants,
                   instances=instances, shards=shards,
                   repetitions=repetitions, broker_messages=broker_messages,
