@@ -55,6 +55,7 @@ class ServiceOutputs:
     store: StateStore
     metrics: AdmissionMetrics
     core: AdmissionCore
+    shard_index: int  # the shard this service decides for (0 unsharded)
     dedupe_ttl_s: float
     _side: dict[str, RequestSide]
     _texts: dict[str, str]
@@ -170,7 +171,7 @@ class ServiceOutputs:
             self._op += 1
             self.store.put_bucket(tenant, BucketState(level=b.level, updated=b.updated),
                                   (self.outbox.seq, self._op))
-            self.metrics.bucket_level.labels(tenant).set(b.level)
+            self.metrics.set_bucket(tenant, self.shard_index, b.level)
         self._dirty_buckets.clear()
 
     def _expire_done(self, now: float) -> None:
@@ -183,4 +184,4 @@ class ServiceOutputs:
                 self.store.delete_request(rid)
 
     def _observe_gauges(self) -> None:
-        self.metrics.observe_core(self.core, self.config.tenants_by_name)
+        self.metrics.observe_core(self.core, self.config.tenants_by_name, self.shard_index)

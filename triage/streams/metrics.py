@@ -40,6 +40,9 @@ class AdmissionMetrics:
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._tenants_set: object = None  # the tenant collection whose gauges all exist
         self._tenant_depths: dict[str, int] = {}  # the non-zero per-tenant depths last set
+        self._shard_depths: dict[int, dict[str, int]] = {}  # per held shard, its last tick's
+        self._shard_buffers: dict[int, float] = {}
+        self._buckets: set[tuple[str, int]] = set()  # (tenant, shard) series set
         self.admissions = Counter(
             "triage_admissions", "Decisions by outcome and reason.",
             ["tenant", "model", "outcome", "reason"], registry=r)
@@ -113,8 +116,8 @@ class AdmissionMetrics:
             "triage_autoscale_signal", "1 while an autoscale-up signal stands.", ["pool"],
             registry=r)
         self.bucket_level = Gauge(
-            "triage_bucket_tokens", "Token bucket level (negative: debt).", ["tenant"],
-            registry=r)
+            "triage_bucket_tokens", "Token bucket level (negative: debt); a bucket per "
+            "tenant and shard.", ["tenant", "shard"], registry=r)
         self.gpus_up = Gauge("triage_gpus_up", "GPUs taking work, per pool.", ["pool"], registry=r)
         self.ready = Gauge(
             "triage_admission_ready", "1 while the app is deciding (the same check as /ready).",
@@ -130,8 +133,10 @@ class AdmissionMetrics:
             c = self._children[key] = metric.labels(*labels)
         return c
 
-    def observe_core(self, core: AdmissionCore, tenants: Iterable[str]) -> None:
-        """Set the gauges that sample the core's state (once per tick)."""
+    def observe_core(self, core: AdmissionCore, tenants: Iterable[str], shard: int = 0) -> None:
+        """Set the gauges that sample the core's state (once per tick). `shard`: whose
+        core this is; an instance holding several shards sums their tenants' queue
+        depths (each shard sets its own pools' gauges, and the largest buffer shows)."""
         per_tenant: dict[str, int] = {}
         for name, d in core.dispatchers.items():
             depth = len(d.queue)
@@ -147,8 +152,30 @@ class AdmissionMetrics:
             for s in d.ledger.slots:
                 self.kv_reserved.labels(name, s.gpu_id).set(s.used)
                 self.kv_budget.labels(name, s.gpu_id).set(s.budget)
+        self._shard_depths[shard] = per_tenant
+        self._shard_buffers[shard] = core.predictor.variance_buffer
+        if len(self._shard_depths) > 1:
+            total: dict[str, int] = {}
+            for depths in self._shard_depths.values():
+                for t, n in depths.items():
+                    total[t] = total.get(t, 0) + n
+            per_tenant = total
         self._observe_tenant_depths(per_tenant, tenants)
-        self.variance_buffer.set(core.predictor.variance_buffer)
+        self.variance_buffer.set(max(self._shard_buffers.values()))
+
+    def set_bucket(self, tenant: str, shard: int, level: float) -> None:
+        self._buckets.add((tenant, shard))
+        self.child(self.bucket_level, tenant, str(shard)).set(level)
+
+    def forget_shard(self, shard: int) -> None:
+        """`shard` moved to another instance: its buckets' series go, and its queues no
+        longer count in the tenants' depths (from the next tick on)."""
+        self._shard_depths.pop(shard, None)
+        self._shard_buffers.pop(shard, None)
+        for tenant, s in [k for k in self._buckets if k[1] == shard]:
+            self._buckets.discard((tenant, s))
+            self._children.pop((id(self.bucket_level), (tenant, str(s))), None)
+            self.bucket_level.remove(tenant, str(s))
 
     def _observe_tenant_depths(self, depths: dict[str, int], tenants: Iterable[str]) -> None:
         """Per-tenant queue depths, touching only the tenants whose depth changed: with

@@ -59,6 +59,7 @@ class AdmissionService(ServiceOutputs):
         pools; the store is then that shard's view). None: every pool."""
         self.config = config
         self.shard = shard
+        self.shard_index = 0 if shard is None else shard.index
         self.names = names
         self.outbox = outbox
         self.store = store

@@ -71,6 +71,7 @@ class ShardedServices:
         """`partition` moved to another process: forget its state (its outputs are
         committed: Faust flushes, and so commits the outbox, before it lets go)."""
         if self.services.pop(partition, None) is not None:
+            self.metrics.forget_shard(partition)
             log.info("shard %d handed over", partition)
 
     def reconfigure(self, config: TriageConfig) -> None:
