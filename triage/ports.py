@@ -39,7 +39,7 @@ def free_run(n: int) -> int:
     """A port p with p+1 ... p+n-1 free too (workers listen on consecutive ports)."""
     with _lock:
         for _ in range(200):
-            base = _candidate()
+            base = _candidate(n)
             run = range(base, base + n)
             if base + n > 65535 or any(p in _handed_out for p in run):
                 continue
@@ -57,14 +57,16 @@ def ephemeral_low() -> int:
         return 32768
 
 
-def _candidate() -> int:
-    """A port below the ephemeral range; the kernel's own pick if that range is tiny."""
+def _candidate(n: int = 1) -> int:
+    """The first of n ports all below the ephemeral range (a run starting at its last
+    port reached into it: 1 pick in ~13,000 here); the kernel's own pick if that range
+    is tiny."""
     high = ephemeral_low()
     if high - LOWEST < 1000:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             return int(s.getsockname()[1])
-    return _random.randrange(LOWEST, high)
+    return _random.randrange(LOWEST, high - n + 1)
 
 
 def _free(port: int) -> bool:

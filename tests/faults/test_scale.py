@@ -1,7 +1,8 @@
 """The scale test (issue 11, part 4), reduced for CI: the admission app sharded over two
 partitions, on the real broker, as processes. Two instances split the two pools' shards;
 one is killed with SIGKILL mid-run and the other takes its shard over; a third joins and
-the shards rebalance. The second test gives two instances the rest of the fault suite's
+the shards rebalance; a fourth, one more than the shards, holds none and answers /ready
+503 as a standby. The second test gives two instances the rest of the fault suite's
 faults, on a broker of its own: the poison corpus spread over both shards, the broker
 stopped and started mid-run, and an instance stopped with SIGTERM and restarted under
 its name. Through all of it every request ends in exactly one terminal reply and runs once.
@@ -14,6 +15,7 @@ import contextlib
 import re
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,6 +241,15 @@ class Cluster:
             return f"(no metrics from {name}: {exc})"
         return "\n".join(ln for ln in text.splitlines() if ln.startswith(keep)) + "\n"
 
+    def readiness(self, name: str) -> tuple[int, str]:
+        """(status, reason) of the instance's /ready."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[name]}/ready",
+                                        timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
     def tails(self, lines: int = 40) -> str:
         return "".join(p.tail(lines) for n, p in self.procs.items() if n.startswith("i"))
 
@@ -288,7 +299,22 @@ def test_shards_split_fail_over_and_rebalance_with_every_request_answered_once(
         client.wait_answered(120)
         assert client.outstanding() == 0, procs["i2"].tail(60)
 
-        assert client.sent == 700
+        # a third live instance, more than the two shards: the group gives it none, so
+        # it decides nothing and says so on /ready, while the two owners stay ready
+        cluster.start_instance("i3")
+        live = [survivor, "i2", "i3"]
+        _wait(lambda: len(set(cluster.owners().values())) == 2
+              and cluster.held_as_assigned(live)
+              and sorted(cluster.readiness(n)[0] for n in live) == [200, 200, 503], 120,
+              "two owners ready and one standby")
+        standby = next(n for n in live if cluster.readiness(n)[0] == 503)
+        assert cluster.readiness(standby)[1].startswith("no shard assigned"), (
+            cluster.readiness(standby))
+        client.send(100, "standby", rate=100.0)
+        client.wait_answered(120)
+        assert client.outstanding() == 0, cluster.tails()
+
+        assert client.sent == 800
         twice = {rid: t for rid, t in client.terminals.items() if len(t) != 1}
         assert not twice, f"{len(twice)} requests without exactly one terminal reply"
         assert all(t == ["completed"] for t in client.terminals.values()), {

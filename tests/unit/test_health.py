@@ -50,7 +50,7 @@ def test_ready_only_while_ticks_flow_and_outputs_commit() -> None:
     assert not ok and why.startswith("outputs not committed")
     h.publishing_since = None
     assigned[0] = 0
-    assert h.check() == (False, "no partitions assigned")
+    assert h.check() == (False, "no shard assigned (a standby until the group gives it one)")
 
 
 def test_live_fails_only_when_the_event_loop_stalls() -> None:

@@ -148,7 +148,10 @@ def build_app(
     metrics = AdmissionMetrics()
     shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
                              tables=(table(REQUESTS), table(BUCKETS), table(LEARNED)))
-    health = Health(assigned=lambda: len(app.consumer.assignment()))
+    # a shard is held where its clock-tick partition is (every input is co-partitioned);
+    # standby copies of changelogs the group may hand an extra instance are not a shard
+    health = Health(assigned=lambda: sum(
+        1 for tp in app.consumer.assignment() if tp.topic == names.admission))
     committer = Committer(app, outbox, health)
     gaps = GapGuard()
     adopting = asyncio.Lock()

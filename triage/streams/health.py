@@ -49,7 +49,7 @@ class Health:
         except Exception as exc:  # the consumer may be mid-rebalance or gone
             return False, f"consumer unavailable: {exc}"
         if n <= 0:
-            return False, "no partitions assigned"
+            return False, "no shard assigned (a standby until the group gives it one)"
         since = now - (self.last_tick if self.last_tick is not None else self.started)
         if since > self.stall_s:
             return False, f"not deciding: no tick handled for {since:.1f}s"
