@@ -42,14 +42,14 @@ class Health:
     def check(self) -> tuple[bool, str]:
         """(ready, why): why names the first thing that is wrong, or says "deciding"."""
         now = self.clock()
-        if not self.restored:
-            return False, "recovering state"
         try:
             n = self.assigned()
         except Exception as exc:  # the consumer may be mid-rebalance or gone
             return False, f"consumer unavailable: {exc}"
-        if n <= 0:
+        if n <= 0:  # (before recovery too: an instance the group gives nothing never recovers)
             return False, "no shard assigned (a standby until the group gives it one)"
+        if not self.restored:
+            return False, "recovering state"
         since = now - (self.last_tick if self.last_tick is not None else self.started)
         if since > self.stall_s:
             return False, f"not deciding: no tick handled for {since:.1f}s"
