@@ -124,6 +124,30 @@ def _timed(fn: Any, args: tuple[Any, ...], device: str, reps: int) -> float:
     return (time.perf_counter() - t0) / reps
 
 
+def _decode_step_s(model: Decoder, batch: int, kv: int, gen: torch.Generator,
+                   reps: int) -> float:
+    """One decode step of `batch` sequences with `kv` tokens each in the cache. The step's
+    cost depends on the KV it reads, not the values in it: the cache stays zero (a
+    prefill of batch x kv tokens would only take time)."""
+    device = str(model.embed.device)
+    cache = model.cache(batch, kv + 1)
+    ids = torch.randint(0, model.s.vocab, (batch, 1), device=device, generator=gen)
+    t = _timed(model.forward, (ids, cache, kv, True), device, reps)
+    del cache
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+    return t
+
+
+def report(result: dict[str, Any], out: str | None) -> None:
+    """Print the result as JSON, and write it to `out` too when given."""
+    text = json.dumps(result, indent=2, default=str)
+    print(text)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+
+
 def measure(shape: str, device: str, context: int, batches: list[int], prompts: list[int],
             reps: int, contexts: tuple[int, ...] = (), context_batch: int = 64) -> dict[str, Any]:
     s = Shape(**SHAPES[shape])
@@ -142,24 +166,8 @@ def measure(shape: str, device: str, context: int, batches: list[int], prompts: 
             ids = torch.randint(0, s.vocab, (1, n), device=device, generator=gen)
             prefill[n] = _timed(model.forward, (ids, cache, 0, True), device, reps)
             del cache
-        steps: dict[int, float] = {}
-        for b in batches:
-            cache = model.cache(b, context + 1)
-            ids = torch.randint(0, s.vocab, (b, 1), device=device, generator=gen)
-            # the step's cost depends on the KV it reads, not the values in it: the cache
-            # stays zero (a prefill of b x context tokens would only take time)
-            steps[b] = _timed(model.forward, (ids, cache, context, True), device, reps)
-            del cache
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
-        by_context: dict[int, float] = {}
-        for c in contexts:
-            cache = model.cache(context_batch, c + 1)
-            ids = torch.randint(0, s.vocab, (context_batch, 1), device=device, generator=gen)
-            by_context[c] = _timed(model.forward, (ids, cache, c, True), device, reps)
-            del cache
-            if device.startswith("cuda"):
-                torch.cuda.empty_cache()
+        steps = {b: _decode_step_s(model, b, context, gen, reps) for b in batches}
+        by_context = {c: _decode_step_s(model, context_batch, c, gen, reps) for c in contexts}
     out["decode_step_s_by_context"] = {"batch": context_batch,
                                        **{str(c): t for c, t in by_context.items()}}
     out["prefill_s"] = {str(n): t for n, t in prefill.items()}
@@ -199,11 +207,7 @@ def main() -> None:
     result = measure(a.shape, a.device, a.context, [int(x) for x in a.batches.split(",")],
                      [int(x) for x in a.prompts.split(",")], a.reps,
                      tuple(int(x) for x in a.contexts.split(",") if x), a.context_batch)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    report(result, a.out)
 
 
 if __name__ == "__main__":

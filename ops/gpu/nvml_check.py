@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from engine_costs import SHAPES, Decoder, Shape
+from engine_costs import SHAPES, Decoder, Shape, report
 
 from triage.config import load_config
 from triage.workers.backends.base import EngineLoad
@@ -118,11 +118,7 @@ def main() -> None:
                "memory_used_gib_max": max(x["memory_used_gib"] for x in rs)}
         for name, rs in phases.items() if rs
     }
-    text = json.dumps(result, indent=2, default=str)
-    print(text)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text)
+    report(result, a.out)
 
 
 if __name__ == "__main__":
