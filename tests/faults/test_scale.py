@@ -309,7 +309,7 @@ def test_shards_split_fail_over_and_rebalance_with_every_request_answered_once(
             return (len(set(cluster.owners().values())) == 2
                     and cluster.held_as_assigned(live)
                     and [a[0] for a in answers] == [200, 200, 503]
-                    # joined, and given nothing (not still starting: "consumer unavailable")
+                    # joined, and given nothing (not still starting: "recovering state")
                     and answers[2][1].startswith("no shard assigned"))
 
         _wait(one_standby, 120, "two owners ready and one standby")

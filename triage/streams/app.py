@@ -148,10 +148,7 @@ def build_app(
     metrics = AdmissionMetrics()
     shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
                              tables=(table(REQUESTS), table(BUCKETS), table(LEARNED)))
-    # a shard is held where its clock-tick partition is (every input is co-partitioned);
-    # standby copies of changelogs the group may hand an extra instance are not a shard
-    health = Health(assigned=lambda: sum(
-        1 for tp in app.consumer.assignment() if tp.topic == names.admission))
+    health = Health()
     committer = Committer(app, outbox, health)
     gaps = GapGuard()
     adopting = asyncio.Lock()
@@ -164,6 +161,9 @@ def build_app(
 
     # --- recovery: rebuild each owned shard once its tables are back --------------------
     def owned() -> set[int]:
+        """Shards held: a shard is where its clock-tick partition is (every input is
+        co-partitioned); standby copies of changelogs the group may hand an extra
+        instance are not a shard."""
         return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.admission}
 
     async def adopt(partition: int) -> AdmissionService:
@@ -200,6 +200,7 @@ def build_app(
         if first:
             committer.install()
         mine = owned()
+        health.held = len(mine)
         for n in [n for n in shards.services if n not in mine]:
             shards.drop(n)
             if parts > 1:

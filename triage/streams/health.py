@@ -29,7 +29,10 @@ class Health:
     last_tick: float | None = None  # monotonic time the tick agent last ran
     last_beat: float | None = None  # monotonic time the event loop last ran a timer
     publishing_since: float | None = None  # an output batch is being committed
-    assigned: Callable[[], int] = field(default=lambda: 1)
+    # shards the group gave this instance at its last rebalance; None until the first.
+    # Set by the event loop: the HTTP thread must never touch the consumer (Faust builds
+    # it lazily, and one built on this thread waits on another loop: the app never starts)
+    held: int | None = None
     clock: Callable[[], float] = field(default=time.monotonic)
     started: float = field(default_factory=time.monotonic)
 
@@ -42,11 +45,7 @@ class Health:
     def check(self) -> tuple[bool, str]:
         """(ready, why): why names the first thing that is wrong, or says "deciding"."""
         now = self.clock()
-        try:
-            n = self.assigned()
-        except Exception as exc:  # the consumer may be mid-rebalance or gone
-            return False, f"consumer unavailable: {exc}"
-        if n <= 0:  # (before recovery too: an instance the group gives nothing never recovers)
+        if self.held == 0:  # (before recovery too: an instance given nothing never recovers)
             return False, "no shard assigned (a standby until the group gives it one)"
         if not self.restored:
             return False, "recovering state"
