@@ -97,7 +97,7 @@ def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
     inputs = app.topic(topics.inputs, **RAW_TOPIC)
     work = app.topic(topics.work, **RAW_TOPIC)
     table = None if kind is CeilingKind.RELAY else raw_table(app, "records")
-    committer = Committer(app, outbox, Health(assigned=lambda: len(app.consumer.assignment())))
+    committer = Committer(app, outbox, Health())
     ready = [False]
 
     @app.on_rebalance_complete.connect
