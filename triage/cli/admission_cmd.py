@@ -125,6 +125,11 @@ def admission(
             _exit_after(STOP_GRACE_S)
             super()._schedule_shutdown(signal)
 
+        def on_worker_shutdown(self) -> None:
+            # reached on every way out, a failed start too: mode then stops the services
+            # it started, and a stop that hangs there kept a dead app alive for good
+            _exit_after(STOP_GRACE_S)
+
     worker = Worker(built.app, loglevel=loglevel.value, quiet=True)
     worker.execute_from_commandline()
 
