@@ -3,15 +3,19 @@
 # py-spy recording the admission process and its CPU time after ready (OUT_DIR/LABEL)
 cd "$(git rev-parse --show-toplevel)"
 L=$1; B=${2:-20000}; O=${OUT_DIR:-/tmp/triage-profile}/$L; mkdir -p $O
-.venv/bin/triage bench pipeline --json --bootstrap 127.0.0.1:9092 --latency-rate 150 \
-  --latency-requests 1500 --burst-requests $B > $O/bench.json 2> $O/bench.err &
+.venv/bin/triage bench pipeline --json --bootstrap 127.0.0.1:9092 --repetitions 1 \
+  --latency-rate 150 --latency-requests 1500 --burst-requests $B > $O/bench.json 2> $O/bench.err &
 BP=$!
 PID=""
 for i in $(seq 1 600); do
   PID=$(pgrep -f "admission --config reports/bench-pipeline" | head -1); [ -n "$PID" ] && break; sleep 0.2
 done
 echo "admission pid $PID" > $O/cpu.txt
-until curl -s 127.0.0.1:19408/metrics | grep -q "triage_admission_ready 1.0"; do sleep 0.3; kill -0 $PID 2>/dev/null || break; done
+PORT=""  # the bench draws a free metrics port: read it off the process
+until [ -n "$PORT" ] || ! kill -0 $PID 2>/dev/null; do
+  PORT=$(ss -ltnp 2>/dev/null | grep "pid=$PID," | awk '{print $4}' | sed 's/.*://' | head -1); sleep 0.2
+done
+until curl -s 127.0.0.1:$PORT/metrics | grep -q "triage_admission_ready 1.0"; do sleep 0.3; kill -0 $PID 2>/dev/null || break; done
 T0=$(awk '{print $14+$15}' /proc/$PID/stat); echo "ready_cpu_ticks $T0" >> $O/cpu.txt
 .venv/bin/py-spy record --nonblocking -r 100 -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
 SP=$!
