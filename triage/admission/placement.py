@@ -55,6 +55,8 @@ class PoolSettings:
         "queue_max",
         "tenant_queue_max",
         "tenant_shares",
+        "tenant_sla_s",
+        "tightest_sla_s",
         "weights",
     )
 
@@ -63,7 +65,7 @@ class PoolSettings:
         tenant_shares: dict[str, float], weights: dict[str, float], queue_max: int,
         tenant_queue_max: dict[str, int], max_queue_wait_s: dict[str, float],
         max_concurrency: dict[str, int], hysteresis: HysteresisSettings, gpu_timeout_s: float,
-        max_seqs: int = 256,
+        max_seqs: int = 256, tenant_sla_s: dict[str, float] | None = None,
     ) -> None:
         self.name = name
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -77,6 +79,8 @@ class PoolSettings:
         self.hysteresis = hysteresis
         self.gpu_timeout_s = gpu_timeout_s
         self.max_seqs = max_seqs  # sequences one GPU's engine runs at once
+        self.tenant_sla_s = tenant_sla_s or {}  # contracted SLAs of the pool's tenants
+        self.tightest_sla_s = min(self.tenant_sla_s.values(), default=0.0)
 
 
 class DispatcherStats:
@@ -195,6 +199,21 @@ class PoolPlacement:
         return max(0.05, work_s / (up * max(1.0, per_gpu)))
 
     # --- the checks -------------------------------------------------------------------
+    def _hold_tolerance(self, tenant: str) -> float:
+        """How far over its fair share `tenant` may be before a tightened pool holds it
+        back. The hold keeps KV headroom for tight-SLA arrivals; holding a tight-SLA
+        tenant at the same mark defeats it (its requests wait out short deadlines: the
+        30 s `agent` tenant of `long-context` was held 350 times). So tight-SLA tenants
+        (contracted SLA within `tight_sla_ratio` x the pool's tightest) are held only
+        beyond `tight_share_tolerance`; a dominant tight tenant far over its share is
+        still held. Judged by the contracted SLA, not a request's own `sla_ms`, which a
+        client could set low to slip past the hold."""
+        f = self.flags
+        sla = self.settings.tenant_sla_s.get(tenant)
+        if sla is not None and sla <= f.tight_sla_ratio * self.settings.tightest_sla_s:
+            return f.tight_share_tolerance
+        return f.fair_share_tolerance
+
     def _fit(
         self, p: Pending, now: float, sla: bool = True, unheld: bool = False
     ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
@@ -225,7 +244,7 @@ class PoolPlacement:
             if (
                 self.monitor.tightened
                 and slot.used + p.kv_bytes > self.settings.hysteresis.high * slot.budget
-                and (p.cls > 0 or self.fair.over_share(p.tenant, flags.fair_share_tolerance))
+                and (p.cls > 0 or self.fair.over_share(p.tenant, self._hold_tolerance(p.tenant)))
             ):
                 return None, R.TIGHTENED, 0.0, 0.0
         cost = slot.costs[p.model]

@@ -43,6 +43,8 @@ _FLAG_FIELDS = (
     "fair_share_tolerance",
     "deadline_s_per_token",
     "hold_one_gpu",
+    "tight_sla_ratio",
+    "tight_share_tolerance",
 )
 
 
@@ -79,6 +81,8 @@ class PolicyFlags(Record):
         fair_share_tolerance: float,
         deadline_s_per_token: float,
         hold_one_gpu: bool,
+        tight_sla_ratio: float,
+        tight_share_tolerance: float,
     ) -> None:
         self.name: Final = name  # shown on every decision record
         self.version: Final = version  # policy version, bumped when knobs change
@@ -112,6 +116,10 @@ class PolicyFlags(Record):
         self.deadline_s_per_token: Final = deadline_s_per_token
         # an aged, memory-blocked head holds one GPU (holding.py), else the whole pool
         self.hold_one_gpu: Final = hold_one_gpu
+        # tight-SLA tenants (contracted SLA within this x the pool's tightest; 0: none)
+        # are held back by a tightened pool only beyond tight_share_tolerance
+        self.tight_sla_ratio: Final = tight_sla_ratio
+        self.tight_share_tolerance: Final = tight_share_tolerance
 
 
 _OFF = {"overage_when_idle": False, "pressure": False, "clairvoyant": False}
@@ -178,6 +186,10 @@ _PRESET_ORDER = {PolicyPreset.EDF: QueueOrder.DEADLINE}
 # (about 10 s of a 4-GPU 8B pool's output) cost 3 s of deadline priority. Chosen on the
 # shipped scenarios (docs/experiments.md); the baselines keep their pure orders.
 _PRESET_BLEND = {PolicyPreset.FULL: 3e-6, PolicyPreset.CLAIRVOYANT: 3e-6}
+# The full policy's tight-SLA class, held back by a tightened pool only at twice its fair
+# share: SLAs within 2x the pool's tightest (docs/policy.md, "Hysteresis"); the
+# baselines hold every over-share tenant at fair_share_tolerance.
+_PRESET_TIGHT_RATIO = {PolicyPreset.FULL: 2.0, PolicyPreset.CLAIRVOYANT: 2.0}
 _PRESET_TTFT = {PolicyPreset.ENGINE_QUEUE_CAP: 2.0}  # vLLM users size the cap to a TTFT
 
 
@@ -213,6 +225,11 @@ def resolve_policy(cfg: PolicyConfig) -> PolicyFlags:
             else _PRESET_BLEND.get(cfg.preset, 0.0)
         ),
         hold_one_gpu=cfg.hold_scope == "gpu",
+        tight_sla_ratio=(
+            cfg.tight_sla_ratio if cfg.tight_sla_ratio is not None
+            else _PRESET_TIGHT_RATIO.get(cfg.preset, 0.0)
+        ),
+        tight_share_tolerance=cfg.tight_share_tolerance,
         **flags,
     )
 

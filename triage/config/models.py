@@ -264,6 +264,16 @@ class PolicyConfig(StrictModel):
     fair_share_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
         0.1, description="Tightened pools hold back tenants above (1 + this) x their fair share."
     )
+    tight_sla_ratio: Annotated[float, Field(ge=0.0, le=100.0)] | None = Field(
+        None, description="Tenants whose contracted SLA is within this x the pool's tightest "
+        "are tight-SLA: a tightened pool holds them back only beyond tight_share_tolerance "
+        "(the headroom the hold keeps is for tight-SLA work). 0: no such class. None: the "
+        "preset's (full: 2.0; the baselines: 0).",
+    )
+    tight_share_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
+        1.0, description="Tightened pools hold back tight-SLA tenants above (1 + this) x "
+        "their fair share (others: fair_share_tolerance).",
+    )
     deadline_s_per_token: Annotated[float, Field(ge=0.0, le=1.0)] | None = Field(
         None, description="Fair order with deadlines: a tenant's lane is keyed by its head's "
         "deadline plus this x its weighted service, so a tenant 1M weighted tokens ahead "
