@@ -71,7 +71,7 @@ def test_a_tightened_pool_holds_tight_sla_tenants_only_far_over_their_share() ->
     from _core_factory import config, tenant
 
     from triage.admission.core import AdmissionCore
-    from triage.config.models import PolicyConfig, PolicyPreset
+    from triage.config.models import PolicyConfig, PolicyPreset, TenantConfig
 
     cfg = config(tenants=[tenant("chat", sla_ms=10_000), tenant("agent", sla_ms=20_000),
                           tenant("batch", sla_ms=60_000)], gpus=1)
@@ -79,5 +79,9 @@ def test_a_tightened_pool_holds_tight_sla_tenants_only_far_over_their_share() ->
     assert [full._hold_tolerance(t) for t in ("chat", "agent", "batch")] == [1.0, 1.0, 0.1]
     vtc = AdmissionCore(cfg, policy=PolicyConfig(preset=PolicyPreset.VTC)).dispatchers["p"]
     assert [vtc._hold_tolerance(t) for t in ("chat", "agent", "batch")] == [0.1, 0.1, 0.1]
+    core = AdmissionCore(cfg)  # a tenant added while running joins the class at once
+    core.add_tenant(TenantConfig.model_validate(tenant("late", sla_ms=5_000)))
+    d = core.dispatchers["p"]
+    assert [d._hold_tolerance(t) for t in ("late", "chat", "batch")] == [1.0, 1.0, 0.1]
     off = AdmissionCore(cfg, policy=PolicyConfig(tight_sla_ratio=0.0)).dispatchers["p"]
     assert off._hold_tolerance("chat") == 0.1

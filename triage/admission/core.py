@@ -194,6 +194,8 @@ class AdmissionCore:
             s.weights[tenant.name] = tenant.weight
             s.tenant_queue_max[tenant.name] = tenant.queue_max
             s.max_queue_wait_s[tenant.name] = tenant.max_queue_wait_ms / 1000.0
+            s.tenant_sla_s[tenant.name] = tenant.sla_ms / 1000.0  # (tight-SLA class)
+            s.tightest_sla_s = min(s.tenant_sla_s.values())
             if tenant.max_concurrency is not None:
                 s.max_concurrency[tenant.name] = tenant.max_concurrency
             d.queue.tenant_limits[tenant.name] = tenant.queue_max
