@@ -3,6 +3,7 @@ child processes on the real broker, with their own topics, datadir and ports."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +20,9 @@ from triage.topics.names import TopicNames
 
 # The full policy with work conservation off: for tests of the quota's own mechanics
 # (with it on, an idle pool serves over-quota requests as overage instead of refusing).
+# The admission app's log level in tests (TRIAGE_TEST_LOGLEVEL=debug to chase a failure).
+LOGLEVEL = os.environ.get("TRIAGE_TEST_LOGLEVEL", "warn")
+
 QUOTA_BINDS: dict[str, Any] = {"preset": "full", "overage_when_idle": False}
 
 
@@ -58,7 +62,7 @@ class System:
         self.tmp = tmp
         self.cfg_path = tmp / "triage.yaml"
         self.admission = ChildProcess(
-            "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", "warn"],
+            "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", LOGLEVEL],
             tmp / "admission.log")
         self.workers: list[ChildProcess] = []
 
@@ -69,7 +73,7 @@ class System:
 
     def start_admission(self) -> None:
         self.admission = ChildProcess(
-            "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", "warn"],
+            "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", LOGLEVEL],
             self.admission.log_path)
         self.admission.start()
         if not wait_for_metric(self.metrics_url, "triage_admission_ready 1.0", timeout_s=120,

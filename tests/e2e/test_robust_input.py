@@ -170,8 +170,17 @@ def test_a_tenant_added_to_the_config_file_is_served_without_a_restart(
                      [(r.request_id.encode(), r.to_bytes()) for r in reqs])
         late = Tail(kafka_bootstrap, [names.replies("late")])
         try:
-            late.wait(lambda: len(_terminals(late, names.replies("late"))) == 60, 120,
-                      "the new tenant's 60 requests", alive=system.admission.alive)
+            try:
+                late.wait(lambda: len(_terminals(late, names.replies("late"))) == 60, 120,
+                          "the new tenant's 60 requests", alive=system.admission.alive)
+            except AssertionError as exc:  # say what came and what did not
+                seen = _replies(late, names.replies("late"))
+                missing = sorted({r.request_id for r in reqs} - set(_terminals(
+                    late, names.replies("late"))))
+                statuses = Counter(f"{r.status.value}/{r.reason}" for r in seen)
+                raise AssertionError(
+                    f"{exc}: replies {dict(statuses)}; no terminal reply for {missing}\n"
+                    f"{system.admission.tail(40)}\n{system.workers[0].tail(10)}") from exc
             late.poll(2.0)
             ends = _terminals(late, names.replies("late"))
             final = {r.request_id: r.status for r in _replies(late, names.replies("late"))

@@ -208,8 +208,12 @@ def build_app(
         for n in sorted(mine):
             if shards.get(n) is None:
                 await adopt(n)
-            else:  # kept across the rebalance: its batches are marked again
+            else:  # kept across the rebalance: its batches are marked again, and Faust
+                # may jump past the committed offset after this rebalance too (gaps.py)
                 outbox.mark_partitions.add(n)
+                gaps.start_at(await asyncio.to_thread(
+                    committed_offsets, k.bootstrap_servers, app_id,
+                    sorted(admission.subscribed), [n]))
         if first:
             freeze_heap()
             admission.restored = health.restored = True

@@ -63,13 +63,18 @@ class GapGuard:
 def committed_offsets(bootstrap: str, group: str, topics: Iterable[str],
                       partitions: Iterable[int] = (0,)) -> dict[Key, int]:
     """The group's committed offsets of `partitions` of each topic (a shard's: the same
-    partition number of every request topic); empty when the broker cannot say (the guard
-    then starts at the first offset seen)."""
+    partition number of every request topic); a partition never committed (a new
+    tenant's, a fresh app's) is read from its beginning, so it starts at its low
+    watermark. Empty when the broker cannot say (the guard then starts at the first
+    offset seen)."""
     c = make_consumer(bootstrap, group, log_level=3)
     parts = list(partitions)
     try:
         tps = c.committed([TopicPartition(t, n) for t in topics for n in parts], timeout=10.0)
-        return {(tp.topic, tp.partition): tp.offset for tp in tps if tp.error is None}
+        out = {(tp.topic, tp.partition): tp.offset for tp in tps if tp.error is None}
+        for key in [key for key, off in out.items() if off < 0]:
+            out[key] = c.get_watermark_offsets(TopicPartition(*key), timeout=10.0)[0]
+        return out
     except Exception as exc:  # a transport error: no guard start, not no app
         log.warning("could not read committed offsets of %s: %s", group, exc)
         return {}
@@ -138,7 +143,7 @@ async def read_again(guard: GapGuard, bootstrap: str, group: str, topic: str, pa
             await asyncio.sleep(min(2.0 ** attempt, 30.0))
             continue
         if missed:
-            log.error("request offsets %s[%d] %d..%d were skipped at startup: read %d "
+            log.error("request offsets %s[%d] %d..%d were skipped by the stream: read %d "
                       "request(s) again", topic, partition, start, end - 1, len(missed))
         else:  # only transaction markers lay there (the commit of a forward)
             log.info("offsets %s[%d] %d..%d held no request", topic, partition, start, end - 1)
