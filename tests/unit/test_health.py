@@ -125,3 +125,20 @@ def test_gap_guard_names_the_offsets_faust_jumped_over() -> None:
     g.forget(1)
     g.start_at({("t.requests.c", 1): 70})  # adopted again: checked again
     assert g.check("t.requests.c", 1, 75) == (70, 75)
+
+
+def test_gap_guard_reads_again_what_faust_dropped_mid_stream_around_a_rebalance() -> None:
+    from triage.streams.gaps import WATCH_S, GapGuard
+
+    g = GapGuard()
+    g.start_at({("t.requests.late", 0): 0})
+    assert [g.check("t.requests.late", 0, o, now=1.0) for o in range(50)] == [None] * 50
+    g.watch(now=1.0)  # a rebalance: Faust dropped offset 50, then handed out 59 twice
+    assert g.check("t.requests.late", 0, 51, now=1.5) == (50, 51)
+    assert [g.check("t.requests.late", 0, o, now=1.5) for o in (52, 59, 59)] == [
+        None, (53, 59), None]  # a repeat is no gap
+    # past the watch, a jump is a commit marker again
+    assert g.check("t.requests.late", 0, 61, now=1.0 + WATCH_S + 0.1) is None
+    g.watch(now=100.0)
+    assert g.check("t.requests.late", 0, 60, now=100.5) is None  # behind: no gap
+    assert g.check("t.requests.late", 0, 63, now=100.5) == (62, 63)

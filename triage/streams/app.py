@@ -196,6 +196,7 @@ def build_app(
 
     @app.on_rebalance_complete.connect
     async def _rebuilt(sender: Any, /, *_args: Any, signal: Any, **_kw: Any) -> None:
+        gaps.watch(time.monotonic())
         first = not admission.restored
         if first:
             committer.install()
@@ -222,7 +223,9 @@ def build_app(
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, /, *args: Any, signal: Any, **_kw: Any) -> None:
         # Faust has flushed (so the outbox committed) what the revoked shards staged; from
-        # here until they are assigned again no batch of ours speaks for them
+        # here until they are assigned again no batch of ours speaks for them. Records
+        # handed out around the rebalance may be dropped: watch for jumps (gaps.py)
+        gaps.watch(time.monotonic())
         for tp in args[0] if args else ():
             if tp.topic == names.admission:
                 outbox.mark_partitions.discard(tp.partition)
@@ -239,7 +242,7 @@ def build_app(
             await ebb()  # see "Priority under a request flood" in docs/architecture.md
             msg = event.message
             service = await owner(msg.partition)
-            skipped = gaps.check(msg.topic, msg.partition, msg.offset)
+            skipped = gaps.check(msg.topic, msg.partition, msg.offset, time.monotonic())
             if skipped is not None:  # see gaps.py: read what Faust jumped over first
                 for off, key, value, headers in await read_again(
                         gaps, k.bootstrap_servers, f"{app_id}.gap-reader", msg.topic,
