@@ -210,11 +210,10 @@ def build_app(
             if shards.get(n) is None:
                 await adopt(n)
             else:  # kept across the rebalance: its batches are marked again, and Faust
-                # may jump past the committed offset after this rebalance too (gaps.py)
+                # may jump past what it handed out before the rebalance (gaps.py; no
+                # broker call here: a slow rebalance callback races Faust's fetcher)
                 outbox.mark_partitions.add(n)
-                gaps.start_at(await asyncio.to_thread(
-                    committed_offsets, k.bootstrap_servers, app_id,
-                    sorted(admission.subscribed), [n]))
+                gaps.resume(n)
         if first:
             freeze_heap()
             admission.restored = health.restored = True
@@ -328,6 +327,10 @@ def build_app(
             new = await asyncio.to_thread(_new_request_topics, admission)
             if new:
                 _subscribe(admission, new)
+                # a new tenant's partitions are read from their beginning: the guard
+                # expects their first offset there (gaps.py)
+                gaps.start_at(await asyncio.to_thread(
+                    committed_offsets, k.bootstrap_servers, app_id, new, sorted(shards.services)))
             faust_fixes.flag_again_if_unassigned(app, admission.unassigned_since)
         except Exception as exc:
             admission.discovery_failures += 1

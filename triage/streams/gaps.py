@@ -54,6 +54,14 @@ class GapGuard:
         """A rebalance began or ended: check every jump for the next WATCH_S."""
         self.watch_until = max(self.watch_until, now + WATCH_S)
 
+    def resume(self, partition: int) -> None:
+        """A shard kept across a rebalance: each of its partitions is expected to go on
+        no further than just past the last offset handed out before it (Faust rewinds
+        to the committed offset, which is never past that)."""
+        for key, last in self.last.items():
+            if key[1] == partition:
+                self.expected.setdefault(key, last + 1)
+
     def start_at(self, committed: dict[Key, int]) -> None:
         for k, off in committed.items():
             if off >= 0:
