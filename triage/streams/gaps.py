@@ -14,8 +14,9 @@ stream was cut short when the flow stopped is marked read, and is not handed out
 (measured: a new tenant's 60 requests, read while the resubscription that added its
 topic settled, came as offsets 0..49, 51..59, 59; request 50 never got a reply). So for
 WATCH_S after every revocation and assignment every jump in a request partition's
-offsets is read again too; a jump that held only a transaction's commit marker reads
-back empty.
+offsets is read again too (and of the completions partitions: a dropped completion
+would leave its request running for ever); a jump that held only a transaction's commit
+marker reads back empty.
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ async def read_again(guard: GapGuard, bootstrap: str, group: str, topic: str, pa
             await asyncio.sleep(min(2.0 ** attempt, 30.0))
             continue
         if missed:
-            log.error("request offsets %s[%d] %d..%d were skipped by the stream: read %d "
-                      "request(s) again", topic, partition, start, end - 1, len(missed))
+            log.error("offsets %s[%d] %d..%d were skipped by the stream: read %d "
+                      "record(s) again", topic, partition, start, end - 1, len(missed))
         else:  # only transaction markers lay there (the commit of a forward)
             log.info("offsets %s[%d] %d..%d held no request", topic, partition, start, end - 1)
         guard.recovered += len(missed)
