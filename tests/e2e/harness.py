@@ -18,11 +18,11 @@ from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics
 from triage.topics.names import TopicNames
 
-# The full policy with work conservation off: for tests of the quota's own mechanics
-# (with it on, an idle pool serves over-quota requests as overage instead of refusing).
 # The admission app's log level in tests (TRIAGE_TEST_LOGLEVEL=debug to chase a failure).
 LOGLEVEL = os.environ.get("TRIAGE_TEST_LOGLEVEL", "warn")
 
+# The full policy with work conservation off: for tests of the quota's own mechanics
+# (with it on, an idle pool serves over-quota requests as overage instead of refusing).
 QUOTA_BINDS: dict[str, Any] = {"preset": "full", "overage_when_idle": False}
 
 
@@ -61,9 +61,7 @@ class System:
         self.cfg = cfg
         self.tmp = tmp
         self.cfg_path = tmp / "triage.yaml"
-        self.admission = ChildProcess(
-            "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", LOGLEVEL],
-            tmp / "admission.log")
+        self.admission = self._admission_process(tmp / "admission.log")
         self.workers: list[ChildProcess] = []
 
     @property
@@ -71,10 +69,13 @@ class System:
         m = self.cfg.metrics
         return f"http://{m.host}:{m.admission_port}/metrics"
 
-    def start_admission(self) -> None:
-        self.admission = ChildProcess(
+    def _admission_process(self, log_path: Path) -> ChildProcess:
+        return ChildProcess(
             "admission", ["admission", "--config", str(self.cfg_path), "--loglevel", LOGLEVEL],
-            self.admission.log_path)
+            log_path)
+
+    def start_admission(self) -> None:
+        self.admission = self._admission_process(self.admission.log_path)
         self.admission.start()
         if not wait_for_metric(self.metrics_url, "triage_admission_ready 1.0", timeout_s=120,
                                proc=self.admission):

@@ -48,7 +48,7 @@ from triage.streams.engine import (
     raw_table,
     start_outbox,
 )
-from triage.streams.gaps import GapGuard, committed_offsets, read_again
+from triage.streams.gaps import GapGuard, Record, committed_offsets, read_again
 from triage.streams.health import Health
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
@@ -234,6 +234,15 @@ def build_app(
         outbox.stop()  # no more waiting on the broker: uncommitted outputs replay on restart
 
     # --- agents ----------------------------------------------------------------------
+    async def skipped_before(msg: Any) -> list[Record]:
+        """The records of `msg`'s partition that Faust jumped over before handing out
+        `msg`, read again (gaps.py); usually none."""
+        skipped = gaps.check(msg.topic, msg.partition, msg.offset, time.monotonic())
+        if skipped is None:
+            return []
+        return await read_again(gaps, k.bootstrap_servers, f"{app_id}.gap-reader",
+                                msg.topic, msg.partition, *skipped)
+
     @app.agent(request_topic, concurrency=1)
     async def requests(stream: Any) -> None:
         ebb = app.producer.buffer.wait_until_ebb
@@ -241,14 +250,10 @@ def build_app(
             await ebb()  # see "Priority under a request flood" in docs/architecture.md
             msg = event.message
             service = await owner(msg.partition)
-            skipped = gaps.check(msg.topic, msg.partition, msg.offset, time.monotonic())
-            if skipped is not None:  # see gaps.py: read what Faust jumped over first
-                for off, key, value, headers in await read_again(
-                        gaps, k.bootstrap_servers, f"{app_id}.gap-reader", msg.topic,
-                        msg.partition, *skipped):
-                    service.on_request(topic=msg.topic, key=key, value=value,
-                                       partition=msg.partition, offset=off, now=time.time(),
-                                       headers=headers)
+            for off, key, value, headers in await skipped_before(msg):
+                service.on_request(topic=msg.topic, key=key, value=value,
+                                   partition=msg.partition, offset=off, now=time.time(),
+                                   headers=headers)
             service.on_request(topic=msg.topic, key=event.key, value=event.value,
                                partition=msg.partition, offset=msg.offset, now=time.time(),
                                headers=event.headers)
@@ -258,14 +263,10 @@ def build_app(
         async for event in stream.events():
             msg = event.message
             service = await owner(msg.partition)
-            # a completion Faust drops would leave its request running for ever (gaps.py)
-            skipped = gaps.check(msg.topic, msg.partition, msg.offset, time.monotonic())
-            if skipped is not None:
-                for off, key, value, _headers in await read_again(
-                        gaps, k.bootstrap_servers, f"{app_id}.gap-reader", msg.topic,
-                        msg.partition, *skipped):
-                    service.on_completion(value, key=key, partition=msg.partition,
-                                          offset=off, now=time.time())
+            # a completion Faust drops would leave its request running for ever
+            for off, key, value, _headers in await skipped_before(msg):
+                service.on_completion(value, key=key, partition=msg.partition,
+                                      offset=off, now=time.time())
             service.on_completion(event.value, key=event.key, partition=msg.partition,
                                   offset=msg.offset, now=time.time())
 
