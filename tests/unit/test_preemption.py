@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from _core_factory import config, tenant
 from hypothesis import given
 from hypothesis import strategies as st
@@ -104,3 +105,32 @@ def test_preemption_disabled_by_policy() -> None:
     core.submit("long", "batch", "m8", 300, 5000, 0.0)
     core.submit("chat1", "chat", "m8", 300, 200, 1.0)
     assert all(x.outcome is not Outcome.PREEMPT for x in core.tick(1.05))
+
+
+@pytest.mark.timeout(60, method="thread")  # the old code looped for ever inside one tick
+def test_two_tenants_never_preempt_each_other_in_turn_without_the_sla_check() -> None:
+    """With `sla_fit: false`, each dispatch charged the starter's tenant, so the fair keys
+    of two tenants swapped with every start: a's request preempted b's, then b's (requeued,
+    now the less-served tenant) preempted a's, and so on at one `now`, each round
+    appending decisions until the process ran out of memory. A preemption now pays only
+    for a request predicted to meet its deadline, and never stops a runner started at
+    the same instant."""
+    cfg = config(
+        tenants=[tenant("a", sla_ms=600_000, max_queue_wait_ms=600_000),
+                 tenant("b", sla_ms=600_000, max_queue_wait_ms=600_000)],
+        gpus=1, kv_budget_gib=0.7, policy={"preset": "full", "sla_fit": False},
+    )
+    core = AdmissionCore(cfg)
+    core.submit("b1", "b", "m8", 300, 5000, 0.0)
+    core.submit("a1", "a", "m8", 400, 5000, 0.5, sla_s=8.0)
+    core.submit("b2", "b", "m8", 300, 5000, 0.6, sla_s=8.0)
+    out = core.tick(1.0)
+    preempts = [x for x in out if x.outcome is Outcome.PREEMPT]
+    assert len(preempts) <= 1
+    d = core.dispatchers["p"]
+    assert d.stats.preemptions <= 1
+    assert len(d.inflight) == 1  # one big request fits the GPU at a time
+    # whoever runs now was predicted to meet its deadline when it preempted
+    runner = next(iter(d.inflight.values()))
+    if preempts:
+        assert runner.predicted_end <= runner.deadline

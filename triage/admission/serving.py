@@ -105,10 +105,12 @@ class QueueServing(PoolOutcomes):
         """Dispatch queued `p` if it fits (preempting for it if the rule says so): None
         when it started, else why it is blocked."""
         slot, reason, raw, pred = self._fit(p, now)
-        if slot is None and self.flags.preemption and _preempts_for(reason):
-            slot, raw, pred = self._preempt_for(p, now, out)
         if slot is not None and self._held_off(p, slot, now + pred):  # the held head's memory
             slot, reason, raw, pred = self._fit_elsewhere(p, now)
+        if slot is None and self.flags.preemption and _preempts_for(reason):
+            # after the hold check: a runner is stopped only for a request that then
+            # starts in its place (_preempt_for skips held GPUs)
+            slot, raw, pred = self._preempt_for(p, now, out)
         if slot is None:
             return reason
         self.queue.remove(p, self.fair.key(p.tenant), self._queued_work(p), rekeyed=True)
@@ -149,7 +151,15 @@ class QueueServing(PoolOutcomes):
     def _preempt_for(
         self, q: Pending, now: float, out: list[Decision]
     ) -> tuple[GpuSlot | None, float, float]:
-        """Apply the preemption rule to the runners with the most remaining time."""
+        """Apply the preemption rule to the runners with the most remaining time. A
+        preemption must pay and must end: `q` starts on the freed GPU at once (never on
+        one a held head waits for), only if it is then predicted to meet its deadline
+        (whatever `sla_fit` says: a start that misses anyway pays nothing), and a runner
+        started at this same instant is never a victim. Without these a pass could loop
+        for ever at one `now`: two tenants whose fair keys swap with each dispatch
+        preempted each other in turn (`sla_fit: false`), and a runner stopped for a
+        request that then did not start restarted and was stopped again, each round
+        appending decisions until the process ran out of memory."""
         factor = self.flags.preempt_sla_factor
         slack = q.deadline - now
         latest = self.runners.latest_end(self.inflight)
@@ -169,6 +179,8 @@ class QueueServing(PoolOutcomes):
             _, tenant_room = self.queue.has_room(r.tenant)
             if not tenant_room:
                 continue
+            if r.dispatched_at >= now:
+                continue  # started in this very pass: stopping it now would undo a start
             slot = r.gpu
             assert isinstance(slot, GpuSlot)
             freed = slot.avail(q.model, q.tenant) + r.kv_bytes
@@ -176,7 +188,7 @@ class QueueServing(PoolOutcomes):
                 continue
             raw = slot.costs[q.model].predict(q.prompt_tokens, q.expected_out, float(slot.running))
             pred = raw * self._buffer(q.model)
-            if self.flags.sla_fit and now + pred > q.deadline:
+            if now + pred > q.deadline or self._held_off(q, slot, now + pred):
                 continue
             self._release(r)
             if slot.avail(q.model, q.tenant) < q.kv_bytes:  # floors made it not fit after all
