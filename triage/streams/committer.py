@@ -16,6 +16,20 @@ from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
 log = logging.getLogger(__name__)
 
 CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch adds)
+# A commit that took long waits proportionally longer before the next (at most
+# MAX_CYCLE_S): a transaction costs a registration and an end marker per partition it
+# wrote, and with 1,000 tenants each batch's replies touch hundreds of reply partitions.
+# Committing every 20 ms then spent the app's CPU on transactions; spacing commits by
+# their own cost keeps that overhead bounded (docs/architecture.md, "many tenants").
+COMMIT_SPACING = 3.0
+MAX_CYCLE_S = 0.1
+
+
+def next_cycle_s(last_commit_s: float) -> float:
+    """The pause before the next commit: CYCLE_S, or COMMIT_SPACING x the last commit's
+    duration when that is longer, capped at MAX_CYCLE_S."""
+    spaced = COMMIT_SPACING * last_commit_s
+    return CYCLE_S if spaced <= CYCLE_S else min(MAX_CYCLE_S, spaced)
 
 
 class Committer:
@@ -32,6 +46,7 @@ class Committer:
         self.health = health
         self.lock = asyncio.Lock()
         self._faust_flush: Callable[[], Awaitable[None]] | None = None
+        self.last_commit_s = 0.0  # how long the last batch's transaction took
 
     def install(self) -> None:
         if self._faust_flush is not None:
@@ -60,7 +75,9 @@ class Committer:
             try:
                 await self._flush_changelog()
                 if batch:
+                    started = time.monotonic()
                     await asyncio.to_thread(outbox.publish, seq, batch)
+                    self.last_commit_s = time.monotonic() - started
                 outbox.confirm(seq)
             finally:
                 self.health.publishing_since = None
@@ -84,9 +101,10 @@ class Committer:
 async def commit_continuously(committer: Committer, outbox: KafkaOutbox,
                               ready: Callable[[], bool]) -> None:
     """Commit staged outputs continuously (a loop, not a timer: a commit can take
-    longer than CYCLE_S, and then the next one simply follows)."""
+    longer than CYCLE_S, and then the next one follows after a pause that grows with
+    the commit's cost, `next_cycle_s`)."""
     while not outbox.stopping:
-        await asyncio.sleep(CYCLE_S)
+        await asyncio.sleep(next_cycle_s(committer.last_commit_s))
         if not ready():
             continue
         try:
