@@ -125,12 +125,9 @@ def test_two_tenants_never_preempt_each_other_in_turn_without_the_sla_check() ->
     core.submit("a1", "a", "m8", 400, 5000, 0.5, sla_s=8.0)
     core.submit("b2", "b", "m8", 300, 5000, 0.6, sla_s=8.0)
     out = core.tick(1.0)
-    preempts = [x for x in out if x.outcome is Outcome.PREEMPT]
-    assert len(preempts) <= 1
+    # neither 8 s request could finish its ~35 s of predicted work in time, so stopping
+    # the runner would pay nothing: no preemption at all (the old code made 76 here)
+    assert [x for x in out if x.outcome is Outcome.PREEMPT] == []
     d = core.dispatchers["p"]
-    assert d.stats.preemptions <= 1
-    assert len(d.inflight) == 1  # one big request fits the GPU at a time
-    # whoever runs now was predicted to meet its deadline when it preempted
-    runner = next(iter(d.inflight.values()))
-    if preempts:
-        assert runner.predicted_end <= runner.deadline
+    assert d.stats.preemptions == 0
+    assert list(d.inflight) == ["b1"]  # the runner keeps the GPU; the others wait

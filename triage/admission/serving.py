@@ -170,6 +170,8 @@ class QueueServing(PoolOutcomes):
             remaining = r.predicted_end - now
             if slack >= factor * remaining:
                 break  # the rest have even less remaining time
+            if r.dispatched_at >= now:
+                continue  # started in this very pass: stopping it now would undo a start
             r_key = (r.cls, self.fair.key(r.tenant))
             if not should_preempt(
                 queued_outranks=outranks(q_key, r_key, q.tenant == r.tenant),
@@ -179,8 +181,6 @@ class QueueServing(PoolOutcomes):
             _, tenant_room = self.queue.has_room(r.tenant)
             if not tenant_room:
                 continue
-            if r.dispatched_at >= now:
-                continue  # started in this very pass: stopping it now would undo a start
             slot = r.gpu
             assert isinstance(slot, GpuSlot)
             freed = slot.avail(q.model, q.tenant) + r.kv_bytes

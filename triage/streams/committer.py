@@ -20,7 +20,7 @@ CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch ad
 # MAX_CYCLE_S): a transaction costs a registration and an end marker per partition it
 # wrote, and with 1,000 tenants each batch's replies touch hundreds of reply partitions.
 # Committing every 20 ms then spent the app's CPU on transactions; spacing commits by
-# their own cost keeps that overhead bounded (docs/architecture.md, "many tenants").
+# their own cost keeps that overhead bounded (docs/architecture.md, "Commits spaced by their cost").
 COMMIT_SPACING = 3.0
 MAX_CYCLE_S = 0.1
 
