@@ -76,7 +76,7 @@ def _runs(res: ExperimentResult) -> dict[str, Any]:
 
 def test_every_claim_has_an_experiment() -> None:
     assert list(EXPERIMENTS) == [
-        "queue", "p99", "borrow", "buffer", "preempt", "recipe", "baselines"
+        "queue", "p99", "borrow", "buffer", "preempt", "recipe", "baselines", "frontier"
     ]
     for e in EXPERIMENTS.values():
         assert e.claim and e.seed_figure
@@ -323,3 +323,50 @@ def test_the_bar_names_what_fails() -> None:
     assert any(m.startswith("SLA") and "vtc" in m for m in misses)
     assert any(m.startswith("tight tenant") for m in misses)
     assert any("clairvoyant" in m for m in misses)
+    gaps = dict(baselines.shortfalls(sc, rows))
+    assert list(gaps) == misses  # judge names exactly the checks shortfalls measures
+    sla_gap = next(g for m, g in gaps.items() if m.startswith("SLA"))
+    assert sla_gap == pytest.approx(5.0)  # 95% vs 90%: five points
+    tenant_gap = next(g for m, g in gaps.items() if m.startswith("tight tenant"))
+    assert tenant_gap == pytest.approx(4.0)  # five points, less the one-point slack
+    goodput_gap = next(g for m, g in gaps.items() if "clairvoyant" in m)
+    assert goodput_gap == pytest.approx(45.0)  # 100 against 95% of 200, in % of 200
+
+
+# --- the search over settings (triage experiments frontier) ----------------------------
+
+def test_the_frontier_grid_is_48_valid_policy_strings_full_first() -> None:
+    from triage.experiments import frontier
+    from triage.sim.policies import policy_config
+
+    grid = frontier.grid()
+    assert grid[0] == "full" and len(grid) == len(set(grid)) == 48
+    assert "clairvoyant+queue=false+hysteresis=false" in grid
+    for name in grid:
+        policy_config(name)  # raises on a string the core cannot run
+
+
+def test_the_nearest_miss_is_the_smallest_largest_shortfall() -> None:
+    from triage.experiments import frontier
+
+    rows = {"a": [("x", 3.0), ("y", 0.5)], "b": [("x", 2.0), ("y", 1.9)], "c": [("z", 2.5)]}
+    assert frontier.nearest(rows) == ("b", 2.0)
+    rows["d"] = []
+    assert frontier.nearest(rows) == ("d", 0.0)
+
+
+def test_the_frontier_judges_full_as_the_bar_does() -> None:
+    """The search's own `full` row is judged exactly as `baselines` judges the full policy
+    on the same case and scale (same core, same baselines, same bar)."""
+    from triage.experiments import baselines, frontier
+
+    case = ("tenants13@120",)
+    searched = frontier.run(scale=0.03, jobs=1, cases=case)
+    direct = baselines.run(scale=0.03, jobs=1, cases=case)
+    full = direct.metrics["runs"][case[0]]["full"]
+    row = searched.metrics["runs"][case[0]]["full"]
+    assert (row["sla"], row["weighted"], row["goodput"]) == (
+        full["sla"], full["weighted"], full["goodput"])
+    summary = searched.metrics["cases"][case[0]]
+    assert ("full" in summary["passing"]) == (not direct.metrics["failures"][case[0]])
+    assert summary["nearest"] in frontier.grid()

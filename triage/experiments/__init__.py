@@ -20,6 +20,7 @@ from triage.experiments import (
     borrowing,
     buffer,
     degradation,
+    frontier,
     preemption,
     queueing,
     recipe,
@@ -28,7 +29,7 @@ from triage.experiments.base import Experiment, ExperimentResult
 
 EXPERIMENTS: dict[str, Experiment] = {
     m.EXPERIMENT.name: m.EXPERIMENT
-    for m in (queueing, degradation, borrowing, buffer, preemption, recipe, baselines)
+    for m in (queueing, degradation, borrowing, buffer, preemption, recipe, baselines, frontier)
 }
 
 __all__ = ["EXPERIMENTS", "Experiment", "ExperimentResult"]

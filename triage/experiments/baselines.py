@@ -57,24 +57,36 @@ def measure(sc: Scenario, policy: str) -> dict[str, Any]:
 
 def judge(sc: Scenario, rows: dict[str, dict[str, Any]]) -> list[str]:
     """What fails the bar in one case (empty: it passes)."""
+    return [message for message, _gap in shortfalls(sc, rows)]
+
+
+def shortfalls(sc: Scenario, rows: dict[str, dict[str, Any]]) -> list[tuple[str, float]]:
+    """Each check of the bar that `rows["full"]` fails, with how far it is short: in points
+    for SLA, weighted SLA and tight tenants (past their 1-point slack), in percent of the
+    bar for goodput. Empty: the case passes."""
     full = rows["full"]
     base = {b: rows[b] for b in BASELINES}
-    misses: list[str] = []
+    misses: list[tuple[str, float]] = []
     for key, label in (("sla", "SLA"), ("weighted", "weighted SLA"), ("goodput", "goodput")):
         best = max(base, key=lambda b: base[b][key])
-        if full[key] < base[best][key] - 1e-9:
-            misses.append(f"{label} {full[key]:.4g} < {best} {base[best][key]:.4g}")
+        bar = base[best][key]
+        if full[key] < bar - 1e-9:
+            gap = (bar - full[key]) / bar if key == "goodput" else bar - full[key]
+            misses.append((f"{label} {full[key]:.4g} < {best} {bar:.4g}", 100.0 * gap))
     tight = min(t.sla_ms for t in sc.config.tenants if t.name in full["tenants"])
     for t in (t.name for t in sc.config.tenants if t.sla_ms == tight):
         if t not in full["tenants"]:
             continue
         best = max(base, key=lambda b: base[b]["tenants"].get(t, 0.0))
-        if full["tenants"][t] < base[best]["tenants"][t] - TENANT_SLACK:
-            misses.append(f"tight tenant {t} {pct(full['tenants'][t])} < {best} "
-                          f"{pct(base[best]['tenants'][t])}")
+        gap = base[best]["tenants"][t] - TENANT_SLACK - full["tenants"][t]
+        if gap > 0.0:
+            misses.append((f"tight tenant {t} {pct(full['tenants'][t])} < {best} "
+                           f"{pct(base[best]['tenants'][t])}", 100.0 * gap))
     ref = rows[REFERENCE]["goodput"]
     if full["goodput"] < (1.0 - GOODPUT_SLACK) * ref:
-        misses.append(f"goodput {full['goodput']:.0f} below 95% of clairvoyant {ref:.0f}")
+        gap = ((1.0 - GOODPUT_SLACK) * ref - full["goodput"]) / ref
+        misses.append((f"goodput {full['goodput']:.0f} below 95% of clairvoyant {ref:.0f}",
+                       100.0 * gap))
     return misses
 
 
