@@ -168,6 +168,9 @@ def test_heartbeats_and_completions_overtake_a_request_flood(
         print(f"{name}: {behind} flood requests decided after it was produced, "
               f"{unread} still undecided when it was applied")
         # the control message overtook the flood: few requests decided before it, while
-        # most of the flood was still waiting
+        # much of the flood was still waiting. The second bound is the test's own
+        # precondition (a backlog to overtake), not the property: how much of the flood the
+        # app has read when the reader has seen STARTED decisions depends on the reader's
+        # lag, and with CPU hogs beside the test 5,501 were left (a quarter is plenty).
         assert behind <= SHARE * unread_at_produce, (name, behind, unread_at_produce)
-        assert unread >= FLOOD // 2, (name, unread)
+        assert unread >= FLOOD // 4, (name, unread)
