@@ -45,11 +45,12 @@ from triage.kafka.clients import (
     wait_for_group_coordinator,
 )
 from triage.kafka.local import LocalBroker, LocalBrokerError, port_open
-from triage.kafka.security import register_settings
+from triage.kafka.security import librdkafka_settings, register_settings
 from triage.ports import free_port, free_run
 from triage.topics.admin import create_topics
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
+from triage.topics.routing import read_routes, routes_of
 
 pytestmark = [pytest.mark.broker]
 
@@ -318,6 +319,12 @@ def test_the_system_answers_end_to_end_on_the_secured_broker(
             ]  # fmt: skip
         assert [r.status.value for r in replies] == ["completed"] * 5, replies
         assert all(r.gpu_id == "g0" for r in replies)
+        # the routes the app wrote at start, read as the tenant (a bare client's first step)
+        k = tenant_cfg.kafka
+        assert read_routes(k.bootstrap_servers, TopicNames(k.topic_prefix),
+                           settings=librdkafka_settings(k.security),
+                           group_id=f"triage-client.a.{uuid.uuid4().hex[:8]}",
+                           ) == routes_of(tenant_cfg) != {}
         assert admission.alive() and worker.alive()
         # Nothing in either log says the broker refused one of them.
         for proc in (admission, worker):

@@ -333,6 +333,26 @@ def test_the_bar_names_what_fails() -> None:
     assert goodput_gap == pytest.approx(45.0)  # 100 against 95% of 200, in % of 200
 
 
+def test_each_policy_is_judged_against_all_the_others() -> None:
+    """clears_against_all seats each baseline where full sits: a policy clears a case
+    only when it is at or above every other one on every figure; two policies that each
+    lead on one figure leave the case cleared by none."""
+    from triage.experiments import baselines
+    from triage.sim.scenario import load_scenario
+
+    sc = load_scenario("two-services")
+    good = {"sla": 0.9, "weighted": 0.9, "goodput": 100.0,
+            "tenants": {t.name: 0.9 for t in sc.config.tenants}}
+    rows = {p: dict(good) for p in ("full", *baselines.BASELINES, baselines.REFERENCE)}
+    assert baselines.clears_against_all(sc, rows) == ["full", *baselines.BASELINES]
+    rows["edf"] = {**good, "sla": 0.95}  # edf leads on requests: it alone clears
+    assert baselines.clears_against_all(sc, rows) == ["edf"]
+    rows["vtc"] = {**good, "weighted": 0.95}  # vtc leads on the weighted figure: nobody
+    assert baselines.clears_against_all(sc, rows) == []
+    rows["full"] = {**good, "sla": 0.95, "weighted": 0.95}  # full leads on both
+    assert baselines.clears_against_all(sc, rows) == ["full"]
+
+
 # --- the search over settings (triage experiments frontier) ----------------------------
 
 def test_the_frontier_grid_is_48_valid_policy_strings_full_first() -> None:

@@ -175,10 +175,13 @@ def test_acl_table_gives_each_topic_its_writers_and_readers(triage_config: Triag
         assert _readers(grants, topic) == set()  # operators read them as admin
     assert _writers(grants, n.admission) == {APP}
     assert _writers(grants, n.deadletter) == {APP, WORKER}
-    # A tenant's grants name only its own topics and groups.
+    # the routes (model -> partition, no tenant's data): the app writes, every tenant reads
+    assert _writers(grants, n.routes) == {APP}
+    assert _readers(grants, n.routes) == {APP, *(tenant_user(t) for t in tenants)}
+    # A tenant's grants name only its own topics and groups, and the routes.
     for t in tenants:
         mine = [g for g in grants if g.user == tenant_user(t)]
-        assert all(t in g.name for g in mine)
+        assert all(t in g.name or g.name == n.routes for g in mine)
         assert not any(g.prefixed for g in mine if g.resource == "topic")
     assert principals(triage_config)[:3] == ["admin", "app", "worker"]
     bindings = to_bindings(grants)

@@ -32,6 +32,7 @@ from triage.topics.messages import (
     Message,
     OutboxMark,
     Reply,
+    Route,
     ScaleDirection,
     ScaleSignal,
     Tick,
@@ -172,6 +173,7 @@ SAMPLES: dict[str, Message] = {
     ),
     "Tick": Tick(at_ms=NOW),
     "OutboxMark": OutboxMark(seq=42),
+    "Route": Route(model="llama-3.1-8b", partition=1, partitions=4),
     "LiveRequest": LiveRequest(
         request_id="req-1",
         tenant="rag",
@@ -396,3 +398,14 @@ def test_context_check_matches_the_arithmetic(prompt: int, out: int) -> None:
     result = check_request(_req(prompt_tokens=prompt, max_tokens=out), CONFIG, "rag")
     overflow = prompt + out > 32_768
     assert (result is not None and result.reason is ReasonCode.CONTEXT_OVERFLOW) == overflow
+
+
+def test_a_route_names_a_partition_inside_the_app_s_partitions() -> None:
+    from triage.topics.messages import Route
+
+    r = Route(model="m", partition=1, partitions=2)
+    assert Route.from_bytes(r.to_bytes()) == r
+    with pytest.raises(ValidationError, match="partition 2 of 2"):
+        Route(model="m", partition=2, partitions=2)
+    with pytest.raises(ValidationError):
+        Route.from_bytes(b'{"model": "m", "partition": "0", "partitions": 1}')  # strict

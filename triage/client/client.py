@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self
 
-from confluent_kafka import KafkaError, Message
+from confluent_kafka import KafkaError, KafkaException, Message
 
 from triage.client.backoff import RetryPolicy
 from triage.client.batch import BatchResult, arun_batch, run_batch
@@ -38,12 +38,14 @@ from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.security import librdkafka_settings
 from triage.topics.messages import InferenceRequest, Reply
 from triage.topics.names import TopicNames
+from triage.topics.routing import read_routes
 from triage.topics.shards import request_routes
 
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLY_TIMEOUT_S = 120.0  # covers the example config's batch tenant (60 s SLA + 30 s wait)
 PRODUCE_BACKOFF_S = 0.05  # wait for queue room when the producer's buffer is full
+ROUTES_REFRESH_S = 30.0  # a model the routes do not name: read them again at most this often
 
 
 def now_ms() -> int:
@@ -70,12 +72,23 @@ class TriageClient:
         """`kafka_settings`: librdkafka properties for both clients, such as the SASL/TLS
         settings of this tenant's principal (from_config passes the config's).
         `routes`: model -> the request-topic partition of its pool's shard, for a sharded
-        app (from_config derives them); a model not in it goes by key, and the app
-        forwards it to its shard (one more hop)."""
+        app (from_config derives them). None: read from the routes topic the app writes
+        (topics/routing.py), and again, at most every ROUTES_REFRESH_S, for a model it
+        does not name. A model with no route goes by key, and the app forwards it to its
+        shard (one more hop)."""
         names = TopicNames(topic_prefix)
         common = dict(kafka_settings or {})
         self.tenant = tenant
-        self._routes = dict(routes or {})
+        self._bootstrap = bootstrap
+        self._names = names
+        self._common = common
+        self._routes_from_topic = routes is None
+        self._routes_read_at = -ROUTES_REFRESH_S
+        self._routes: dict[str, int] = {}
+        if routes is None:
+            self._read_routes()
+        else:
+            self._routes = dict(routes)
         self.request_topic = names.requests(tenant)
         self.reply_topic = names.replies(tenant)
         self.reply_timeout_s = reply_timeout_s
@@ -142,7 +155,7 @@ class TriageClient:
                 sub.fail(DeliveryError(f"{sub.request_id} was not delivered: {err.str()}"))
 
         payload = stamped.to_bytes()
-        partition = self._routes.get(stamped.model, -1)
+        partition = self._route(stamped.model)
         while True:
             try:
                 self._producer.produce(
@@ -157,6 +170,24 @@ class TriageClient:
                 self._producer.poll(PRODUCE_BACKOFF_S)
         self._producer.poll(0)
         return sub
+
+    def _route(self, model: str) -> int:
+        """The partition for `model`'s requests (-1: by key)."""
+        partition = self._routes.get(model)
+        if partition is None and self._routes_from_topic and (
+                time.monotonic() - self._routes_read_at >= ROUTES_REFRESH_S):
+            self._read_routes()  # a model added since: the app wrote its route at start
+            partition = self._routes.get(model)
+        return -1 if partition is None else partition
+
+    def _read_routes(self) -> None:
+        self._routes_read_at = time.monotonic()
+        try:
+            self._routes = read_routes(
+                self._bootstrap, self._names, settings=self._common,
+                group_id=f"triage-client.{self.tenant}.{uuid.uuid4().hex[:12]}")
+        except KafkaException as exc:  # requests go by key meanwhile: forwarded, not lost
+            log.warning("could not read the routes (%s); requests go by key", exc)
 
     def forget(self, request_id: str) -> None:
         """Stop routing replies for ``request_id`` (after giving up on it)."""

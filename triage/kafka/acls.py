@@ -90,7 +90,7 @@ def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Gra
     # The admission app: reads what clients and workers send, writes everything it decides.
     pre(APP, "topic", f"{n.prefix}.requests.", "READ")
     lit(APP, [n.completions, n.gpu_status], "READ")
-    lit(APP, [n.admission], "READ", "WRITE")
+    lit(APP, [n.admission, n.routes], "READ", "WRITE")
     pre(APP, "topic", f"{n.prefix}.replies.", "WRITE")
     lit(APP, [*gpu_work, *gpu_control, n.decisions, n.autoscale, n.deadletter], "WRITE")
     # It creates the topics of its config (and of hot-added tenants) at start-up.
@@ -107,11 +107,12 @@ def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Gra
     lit(WORKER, [n.gpu_status, n.deadletter], "WRITE")
     pre(WORKER, "group", WORKER_GROUP_PREFIX, "READ", "DESCRIBE")
 
-    # Tenants: write their request topic, read their reply topic, nothing else.
+    # Tenants: write their request topic, read their reply topic and the routes (which
+    # partition serves which model: no tenant's data), nothing else.
     for t in config.tenants:
         user = tenant_user(t.name)
         lit(user, [n.requests(t.name)], "WRITE")
-        lit(user, [n.replies(t.name)], "READ")
+        lit(user, [n.replies(t.name), n.routes], "READ")
         pre(user, "group", client_group_prefix(t.name), "READ", "DESCRIBE")
     return grants
 

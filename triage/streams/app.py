@@ -68,6 +68,7 @@ from triage.topics.admin import (
 from triage.topics.errors import ShardLayoutError
 from triage.topics.messages import Tick
 from triage.topics.names import TopicKind, TopicNames
+from triage.topics.routing import publish_routes
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,8 @@ def build_app(
     use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
     app_id = f"{names.prefix}.app.{config.admission.app_id}"
+    # bare clients route by them (the reader's group id under the app's ACL prefix)
+    publish_routes(k.bootstrap_servers, names, config, group_id=f"{app_id}.routes")
     layout_problem = shard_layout_problem(k.bootstrap_servers, [
         *(s.name for s in topic_layout(config, names) if s.kind in SHARDED_KINDS),
         *_request_topics_on_broker(config, names),

@@ -95,6 +95,7 @@ def topic_layout(config: TriageConfig, names: TopicNames | None = None) -> list[
     specs.append(TopicSpec(tn.decisions, TopicKind.DECISIONS, k.request_partitions, rf, audit))
     specs.append(TopicSpec(tn.deadletter, TopicKind.DEADLETTER, 1, rf, keep))
     specs.append(TopicSpec(tn.autoscale, TopicKind.AUTOSCALE, 1, rf, keep))
+    specs.append(TopicSpec(tn.routes, TopicKind.ROUTES, 1, rf, {"cleanup.policy": "compact"}))
     return specs
 
 

@@ -453,6 +453,23 @@ class Tick(Message):
     at_ms: EpochMs
 
 
+class Route(Message):
+    """Where requests for one model go (the routes topic, key: the model's name): the
+    request-topic partition of the shard that owns its pool. The admission app writes
+    one per configured model at start; a client without the config reads them so that
+    its requests reach their shard directly instead of being forwarded (one hop less)."""
+
+    model: str = Field(min_length=1, max_length=256)
+    partition: Annotated[int, Field(ge=0, strict=True)]
+    partitions: Annotated[int, Field(ge=1, strict=True)]  # the app's admission_partitions
+
+    @model_validator(mode="after")
+    def _inside(self) -> Self:
+        if self.partition >= self.partitions:
+            raise ValueError(f"partition {self.partition} of {self.partitions}")
+        return self
+
+
 class OutboxMark(Message):
     """The admission app's commit marker (its marks topic, key `mark`): written in the
     same Kafka transaction as output batch `seq`, so a committed marker says that batch
@@ -533,6 +550,7 @@ ALL_MESSAGES: dict[str, type[Message]] = {
         BucketState,
         Tick,
         OutboxMark,
+        Route,
     )
 }
 

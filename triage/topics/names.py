@@ -18,6 +18,7 @@ class TopicKind(StrEnum):
     DECISIONS = "decisions"
     DEADLETTER = "deadletter"
     AUTOSCALE = "autoscale"
+    ROUTES = "routes"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,12 @@ class TopicNames:
     @property
     def autoscale(self) -> str:
         return f"{self.prefix}.autoscale"
+
+    @property
+    def routes(self) -> str:
+        """model -> the request-topic partition of its pool's shard (compacted; the app
+        writes it at start, bare clients read it: topics/routing.py)."""
+        return f"{self.prefix}.routes"
 
     @property
     def requests_pattern(self) -> str:
