@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import signal
 import threading
 import time
 import urllib.error
@@ -33,6 +34,7 @@ from triage.demo.processes import ChildProcess, wait_for_metric
 from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.local import LocalBroker
 from triage.ports import free_port, free_run
+from triage.streams.committer import EXIT_FENCED
 from triage.topics.admin import create_topics
 from triage.topics.messages import CompletionStatus, InferenceRequest, Reply, completions_in
 from triage.topics.names import TopicNames
@@ -401,3 +403,61 @@ def test_two_instances_ride_out_a_broker_restart_and_a_graceful_restart(
         obs.stop()
         cluster.stop()
         broker.stop()
+
+
+def test_a_frozen_owner_that_wakes_after_its_shard_moved_answers_nothing_twice(
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+) -> None:
+    """A zombie: the owner of shard 0 is frozen (SIGSTOP) past its session timeout while
+    requests flow, the other instance takes the shard over, then the frozen one wakes
+    (SIGCONT) with its fetched records, staged outputs and open state of a shard it no
+    longer owns: it must decide and send nothing more, and leave (exit 75); restarted,
+    it takes a shard again. Every request ends in exactly one terminal reply and runs
+    once. Before the lapse guard, 4 of 900 requests got no reply (the woken instance kept
+    its stale state when the group gave the shard back) or, with a rebuild from its local
+    tables instead, 1 of 6 runs answered a request twice."""
+    base = _config(kafka_bootstrap, topic_names)
+    create_topics(kafka_bootstrap, topic_names, TriageConfig.model_validate(base))
+    cluster = Cluster(base, tmp_path, kafka_bootstrap, topic_names)
+    procs, owners = cluster.procs, cluster.owners
+    client = Client(kafka_bootstrap, topic_names)
+    try:
+        cluster.up()
+        split = owners()
+        frozen = "i0" if split[0].endswith(".instance-i0") else "i1"
+        survivor = "i1" if frozen == "i0" else "i0"
+        sender = threading.Thread(target=client.send, args=(900, "zombie", 50.0), daemon=True)
+        sender.start()
+        time.sleep(2.0)
+        proc = procs[frozen].proc
+        assert proc is not None
+        proc.send_signal(signal.SIGSTOP)
+        try:
+            _wait(lambda: set(owners()) == {0, 1} and len(set(owners().values())) == 1,
+                  60, f"{survivor} holding both shards")
+            _wait(lambda: _held(tmp_path / f"{survivor}.log") == {0, 1}, 60, "the shard adopted")
+            time.sleep(3.0)  # the survivor decides for the frozen one's shard a while
+        finally:
+            proc.send_signal(signal.SIGCONT)
+        sender.join(timeout=120)
+        client.wait_answered(180)
+        assert client.outstanding() == 0, cluster.state(survivor) + procs[survivor].tail(100)
+        # the woken one saw it was no longer a member, decided nothing and left (75)
+        assert proc.wait(timeout=60) == EXIT_FENCED, procs[frozen].tail(60)
+        # restarted under its name, it rejoins, recovers its tables and decides again
+        cluster.start_instance(frozen)
+        cluster.split([frozen, survivor])
+        client.send(100, "after", rate=50.0)
+        client.wait_answered(120)
+        assert client.outstanding() == 0, cluster.tails()
+        assert client.sent == 1000
+        twice = {rid: t for rid, t in client.terminals.items() if len(t) != 1}
+        assert not twice, (f"{len(twice)} requests without exactly one terminal reply: "
+                           f"{list(twice.items())[:5]}\n" + procs[frozen].tail(80))
+        assert all(t == ["completed"] for t in client.terminals.values()), {
+            s for t in client.terminals.values() for s in t}
+        ran_twice = [rid for rid, runs in client.runs.items() if len(runs) > 1]
+        assert not ran_twice, (len(ran_twice), ran_twice[:10])
+    finally:
+        client.close()
+        cluster.stop()

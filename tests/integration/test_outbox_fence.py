@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import NewTopic
 
 from triage.kafka.clients import make_admin, make_consumer
-from triage.streams.outbox import MARK_KEY, KafkaOutbox
+from triage.streams.outbox import MARK_KEY, KafkaOutbox, OutboxFencedError
 from triage.topics.messages import OutboxMark
 
 
@@ -73,3 +74,24 @@ def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     # nothing open any more: a second take-over fences no one and reads the same
     assert survivor.take_over(1) == 7
     assert survivor.take_over(0) == 0  # a shard nobody wrote
+
+
+def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -> None:
+    """A process whose transactional id a newer owner took over (it was frozen while its
+    shard moved) must not re-initialize and send the batch anyway: the batch's outputs
+    are the new owner's to replay. publish raises OutboxFencedError (the committer then
+    exits the process) and nothing of the batch reaches a read_committed reader."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"fenced-{tag}.outbox", f"fenced-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    zombie = KafkaOutbox(kafka_bootstrap, transactional_id=f"fenced-{tag}.outbox.instance-i0",
+                         marks_topic=marks, shards=2)
+    zombie.start()
+    zombie.mark_partitions.add(1)
+    zombie.publish(1, [(work, b"k", b"before", 1, None)])
+    newer = Producer({"bootstrap.servers": kafka_bootstrap,
+                      "transactional.id": f"fenced-{tag}.outbox.instance-i0"})
+    newer.init_transactions(30)  # what a takeover's fence does
+    with pytest.raises(OutboxFencedError):
+        zombie.publish(2, [(work, b"k", b"after", 1, None)])
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]

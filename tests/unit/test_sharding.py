@@ -242,3 +242,18 @@ def test_routes_name_each_models_partition_and_none_unsharded() -> None:
 
     assert request_routes(_config()) == {"m1": 0, "m2": 1}
     assert request_routes(_config(partitions=1)) == {}
+
+
+def test_a_rebalance_missed_while_frozen_is_told_from_consecutive_ones() -> None:
+    """The generation of each completed rebalance: consecutive ones keep the shards'
+    state; a gap means the group went on without this process (frozen past its session
+    timeout, its shards given to another), so the shards it got back are rebuilt."""
+    from triage.streams.lapse import missed_a_rebalance
+
+    seen: list[int] = []
+    assert not missed_a_rebalance(seen, 1)  # the first: nothing to compare
+    assert not missed_a_rebalance(seen, 2)
+    assert not missed_a_rebalance(seen, 3)
+    assert missed_a_rebalance(seen, 5)  # generation 4 completed without us
+    assert not missed_a_rebalance(seen, 6)
+    assert seen == [5, 6]  # only the last two are kept

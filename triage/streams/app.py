@@ -39,7 +39,7 @@ from triage.config.models import TriageConfig
 from triage.kafka.clients import make_admin
 from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
-from triage.streams.committer import Committer, commit_continuously
+from triage.streams.committer import Committer, commit_continuously, exit_as_zombie
 from triage.streams.engine import (
     RAW_TOPIC,
     faust_app,
@@ -50,6 +50,12 @@ from triage.streams.engine import (
 )
 from triage.streams.gaps import GapGuard, Record, committed_offsets, read_again
 from triage.streams.health import Health
+from triage.streams.lapse import (
+    LapseGuard,
+    coordinator_member_id,
+    member_of_group,
+    missed_a_rebalance,
+)
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import KafkaOutbox
@@ -154,6 +160,16 @@ def build_app(
     health = Health()
     committer = Committer(app, outbox, health)
     gaps = GapGuard()
+
+    async def still_member() -> bool:
+        return await asyncio.to_thread(member_of_group, k.bootstrap_servers, app_id,
+                                       coordinator_member_id(app))
+
+    def on_lapse() -> None:
+        exit_as_zombie("no longer a member of its group: frozen past its session timeout")
+
+    lapse = LapseGuard(config.admission.session_timeout_s, still_member, on_lapse)
+    committer.deciding = lapse.deciding
     adopting = asyncio.Lock()
     admission = AdmissionApp(app=app, shards=shards, outbox=outbox, names=names,
                              request_topic=request_topic, config_path=config_path,
@@ -169,9 +185,11 @@ def build_app(
         instance are not a shard."""
         return {tp.partition for tp in app.consumer.assignment() if tp.topic == names.admission}
 
-    async def adopt(partition: int) -> AdmissionService:
+    async def adopt(partition: int, lapsed: bool = False) -> AdmissionService:
         """The service of `partition`, rebuilt from the tables if this process has none
-        (assigned by the group now, or an event of it came first)."""
+        (assigned by the group now, or an event of it came first). `lapsed`: this process
+        held it before it missed a rebalance (below), so another may have committed
+        batches for it since: read where they stand, as a takeover does."""
         async with adopting:
             svc = shards.get(partition)
             if svc is not None:
@@ -180,7 +198,8 @@ def build_app(
             if parts == 1:
                 gaps.start_at(await asyncio.to_thread(
                     committed_offsets, k.bootstrap_servers, app_id, sorted(admission.subscribed)))
-                shards.adopt(0, time.time())
+                shards.adopt(0, time.time(), await asyncio.to_thread(outbox.take_over, 0)
+                             if lapsed else None)
             else:
                 committed = await asyncio.to_thread(outbox.take_over, partition)
                 gaps.forget(partition)
@@ -193,9 +212,16 @@ def build_app(
             assert adopted is not None
             return adopted
 
-    async def owner(partition: int) -> AdmissionService:
+    async def owner(partition: int) -> AdmissionService | None:
+        """The service deciding for `partition`; None while this process may not decide
+        (lapse.py): the event is skipped, and its offset, not committable by a lapsed
+        member, is read again by the owner."""
+        if not await lapse.deciding():
+            return None
         svc = shards.get(partition)
         return svc if svc is not None else await adopt(partition)
+
+    generations: list[int] = []  # the consumer generation of each completed rebalance
 
     @app.on_rebalance_complete.connect
     async def _rebuilt(sender: Any, /, *_args: Any, signal: Any, **_kw: Any) -> None:
@@ -205,13 +231,20 @@ def build_app(
             committer.install()
         mine = owned()
         health.held = len(mine)
-        for n in [n for n in shards.services if n not in mine]:
+        lapsed = missed_a_rebalance(generations, app.consumer_generation_id) or lapse.lapsed
+        lapse.rebalanced()
+        for n in [n for n in shards.services if n not in mine or lapsed]:
             shards.drop(n)
             if parts > 1:
                 gaps.forget(n)
+        if lapsed and mine:
+            log.warning("this instance missed a rebalance (generation %d -> %d: frozen or "
+                        "cut off past its session timeout); another may have decided for "
+                        "its shards meanwhile: rebuilding shards %s from the tables",
+                        generations[-2], generations[-1], sorted(mine))
         for n in sorted(mine):
             if shards.get(n) is None:
-                await adopt(n)
+                await adopt(n, lapsed)
             else:  # kept across the rebalance: its batches are marked again, and Faust
                 # may jump past what it handed out before the rebalance (gaps.py; no
                 # broker call here: a slow rebalance callback races Faust's fetcher)
@@ -253,6 +286,8 @@ def build_app(
             await ebb()  # see "Priority under a request flood" in docs/architecture.md
             msg = event.message
             service = await owner(msg.partition)
+            if service is None:
+                continue
             for off, key, value, headers in await skipped_before(msg):
                 service.on_request(topic=msg.topic, key=key, value=value,
                                    partition=msg.partition, offset=off, now=time.time(),
@@ -266,6 +301,8 @@ def build_app(
         async for event in stream.events():
             msg = event.message
             service = await owner(msg.partition)
+            if service is None:
+                continue
             # a completion Faust drops would leave its request running for ever
             for off, key, value, _headers in await skipped_before(msg):
                 service.on_completion(value, key=key, partition=msg.partition,
@@ -286,6 +323,8 @@ def build_app(
         async for event in stream.events():
             msg = event.message
             service = await owner(msg.partition)
+            if service is None:
+                continue
             guard_of(msg.partition).seen(event.key, event.value, msg.offset)
             service.on_status(event.value, key=event.key, partition=msg.partition,
                               offset=msg.offset, now=time.time())
@@ -301,7 +340,7 @@ def build_app(
     async def ticks(stream: Any) -> None:
         async for event in stream.events():
             n = event.message.partition
-            service = shards.get(n)
+            service = shards.get(n) if await lapse.deciding() else None
             if admission.restored and service is not None:
                 now = time.time()
                 guard = guard_of(n)
@@ -315,7 +354,7 @@ def build_app(
     @app.timer(interval=config.policy.tick_ms / 1000.0)
     async def tick() -> None:
         health.beat()
-        if admission.restored:
+        if admission.restored and await lapse.deciding():
             tick = Tick(at_ms=int(time.time() * 1000)).to_bytes()
             for n in sorted(shards.services):  # every shard held ticks on its own partition
                 outbox.send_internal(names.admission, b"tick", tick, n if parts > 1 else -1)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 import faust
 
 from triage.streams.health import Health
-from triage.streams.outbox import KafkaOutbox, OutboxStoppedError
+from triage.streams.outbox import KafkaOutbox, OutboxFencedError, OutboxStoppedError
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,8 @@ class Committer:
         self.lock = asyncio.Lock()
         self._faust_flush: Callable[[], Awaitable[None]] | None = None
         self.last_commit_s = 0.0  # how long the last batch's transaction took
+        # False while this process may not decide (lapse.py): nothing staged is sent
+        self.deciding: Callable[[], Awaitable[bool]] | None = None
 
     def install(self) -> None:
         if self._faust_flush is not None:
@@ -63,6 +67,8 @@ class Committer:
     async def drain(self) -> None:
         """Commit every output staged before this call (raises if the outbox stopped)."""
         outbox = self.outbox
+        if self.deciding is not None and not await self.deciding():
+            return  # a lapsed member: the process is leaving (lapse.py)
         target = outbox.seq
         async with self.lock:
             if outbox.confirmed >= target:
@@ -76,7 +82,10 @@ class Committer:
                 await self._flush_changelog()
                 if batch:
                     started = time.monotonic()
-                    await asyncio.to_thread(outbox.publish, seq, batch)
+                    try:
+                        await asyncio.to_thread(outbox.publish, seq, batch)
+                    except OutboxFencedError as exc:
+                        exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
                     self.last_commit_s = time.monotonic() - started
                 outbox.confirm(seq)
             finally:
@@ -96,6 +105,23 @@ class Committer:
                 attempt += 1
                 log.warning("changelog flush failed (%s); retrying", exc)
                 await asyncio.sleep(min(2.0, 0.1 * attempt))
+
+
+EXIT_FENCED = 75  # EX_TEMPFAIL: restart me (docs/reliability.md, "A frozen owner")
+
+
+def exit_as_zombie(why: str) -> NoReturn:
+    """Leave at once, committing nothing more: a newer owner fenced this process's
+    transactions, or the group no longer lists it (lapse.py), so it was frozen or cut off
+    past its session timeout while another took its shards over, and its in-memory state
+    may be stale. Its staged outputs are
+    in its table records (replayed by whoever owns each shard) or were never durable
+    (their inputs are read again); a restart rejoins the group and rebuilds from the
+    changelogs, exactly as after kill -9."""
+    log.critical("%s: exiting with code %d, deciding and sending nothing more; restarted, "
+                 "it rejoins and recovers from the changelogs", why, EXIT_FENCED)
+    logging.shutdown()
+    os._exit(EXIT_FENCED)
 
 
 async def commit_continuously(committer: Committer, outbox: KafkaOutbox,

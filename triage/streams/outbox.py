@@ -332,6 +332,11 @@ class KafkaOutbox(BatchedOutbox):
                     time.sleep(0.2)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None
+            if isinstance(err, KafkaError) and err.code() == KafkaError._FENCED:
+                # another process took a shard of ours over and fenced this id: this one
+                # was frozen or cut off past its session timeout, and what it decided
+                # since may be stale. Re-initializing would send the batch anyway.
+                raise OutboxFencedError(f"batch {seq}: {err.str()}") from exc
             if isinstance(err, KafkaError) and err.fatal():
                 self._producer = self._new_producer()
             else:
@@ -359,6 +364,10 @@ class KafkaOutbox(BatchedOutbox):
 
 class OutboxStoppedError(Exception):
     """The outbox was stopped while it waited for the broker."""
+
+
+class OutboxFencedError(Exception):
+    """A newer producer took this process's transactional id over: it is a zombie."""
 
 
 class ListOutbox(BatchedOutbox):
