@@ -25,7 +25,6 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,7 @@ from triage.streams.outbox import KafkaOutbox
 from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
 from triage.streams.sharding import ShardedServices
-from triage.streams.store import BUCKETS, LEARNED, REQUESTS
+from triage.streams.store import BUCKETS, LEARNED, REQUESTS, StrKeys
 from triage.topics.admin import (
     SHARDED_KINDS,
     TopicSpec,
@@ -152,7 +151,7 @@ def build_app(
     parts = k.admission_partitions
 
     def table(name: str) -> Any:
-        return _StrKeys(raw_table(app, name, parts))
+        return StrKeys(raw_table(app, name, parts))
 
     metrics = AdmissionMetrics()
     shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
@@ -446,31 +445,3 @@ def _reload_config(admission: AdmissionApp) -> TriageConfig | None:
     if changed is not None:
         create_topics(changed.kafka.bootstrap_servers, admission.names, changed)
     return changed
-
-
-class _StrKeys(MutableMapping[str, Any]):
-    """A Faust table seen through str keys (the raw key serializer hands back bytes)."""
-
-    def __init__(self, table: Any) -> None:
-        self._t = table
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self._t.get(key.encode(), default)
-
-    def __getitem__(self, key: str) -> Any:
-        return self._t[key.encode()]
-
-    def __setitem__(self, key: str, value: Any) -> None:
-        self._t[key.encode()] = value
-
-    def __delitem__(self, key: str) -> None:
-        del self._t[key.encode()]
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, str) and key.encode() in self._t
-
-    def __iter__(self) -> Iterator[str]:
-        return (k.decode() if isinstance(k, bytes) else str(k) for k in self._t)
-
-    def __len__(self) -> int:
-        return len(self._t)

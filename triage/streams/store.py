@@ -103,6 +103,34 @@ class StateStore(Protocol):
     def get_learned(self, key: str) -> dict[str, Any] | None: ...
 
 
+class StrKeys(MutableMapping[str, Any]):
+    """A Faust table seen through str keys (the raw key serializer hands back bytes)."""
+
+    def __init__(self, table: Any) -> None:
+        self._t = table
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._t.get(key.encode(), default)
+
+    def __getitem__(self, key: str) -> Any:
+        return self._t[key.encode()]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._t[key.encode()] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._t[key.encode()]
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and key.encode() in self._t
+
+    def __iter__(self) -> Iterator[str]:
+        return (k.decode() if isinstance(k, bytes) else str(k) for k in self._t)
+
+    def __len__(self) -> int:
+        return len(self._t)
+
+
 class ShardKeys(MutableMapping[str, Any]):
     """One shard's slice of a table shared by the shards of this process: its keys carry
     the shard's prefix, and iteration sees only them (Shard.key)."""
