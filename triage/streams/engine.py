@@ -13,7 +13,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from triage.config.models import TriageConfig
 from triage.kafka.security import faust_credentials
-from triage.streams import faust_fixes
+from triage.streams import faust_fixes, fetch_sessions
 from triage.streams.outbox import KafkaOutbox
 from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.names import TopicKind
@@ -44,6 +44,7 @@ def _short_fetch_waits() -> None:
         async def start_with_short_backoff() -> None:
             await start()
             consumer._fetcher._prefetch_backoff = PREFETCH_BACKOFF_S  # built by start()
+            fetch_sessions.install(consumer)
 
         consumer.start = start_with_short_backoff
         return consumer

@@ -1,0 +1,112 @@
+"""Incremental fetch sessions (triage/streams/fetch_sessions.py) against the real broker:
+an aiokafka consumer over many partitions reads every record exactly once and in order,
+its fetches after the first name only the partitions that changed, and a session the
+broker drops (here: forced to a stale epoch) costs one full fetch, not a record."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections import defaultdict
+
+from aiokafka import AIOKafkaConsumer
+from confluent_kafka import Producer
+from confluent_kafka.admin import NewTopic
+
+from triage.kafka.clients import make_admin
+from triage.streams import fetch_sessions
+from triage.streams.fetch_sessions import SessionFetchRequest
+
+TOPICS = 60
+RECORDS = 3000
+ROUNDS = 6
+
+
+def _create(bootstrap: str, names: list[str]) -> None:
+    admin = make_admin(bootstrap)
+    for f in admin.create_topics([NewTopic(n, 1, 1) for n in names]).values():
+        f.result(timeout=60)
+
+
+def _produce(bootstrap: str, names: list[str], start: int, n: int, rng: random.Random) -> None:
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    for i in range(start, start + n):
+        p.produce(rng.choice(names), str(i).encode())
+        if i % 500 == 0:
+            p.poll(0)
+    assert p.flush(30) == 0
+
+
+async def _read(consumer: AIOKafkaConsumer, seen: dict[str, list[int]], want: int) -> None:
+    got = sum(len(v) for v in seen.values())
+    for _ in range(400):  # bounded: at most ~400 polls of 100 ms
+        if got >= want:
+            return
+        batch = await consumer.getmany(timeout_ms=100)
+        for tp, records in batch.items():
+            for r in records:
+                seen[tp.topic].append(int(r.value))
+                got += 1
+
+
+def test_a_consumer_in_a_fetch_session_reads_every_record_once_and_names_only_changes(
+    kafka_bootstrap: str,
+) -> None:
+    tag = uuid.uuid4().hex[:8]
+    names = [f"fsess-{tag}.t{i}" for i in range(TOPICS)]
+    _create(kafka_bootstrap, names)
+    rng = random.Random(7)
+    sizes: list[int] = []  # partitions named by each in-session request
+    build = SessionFetchRequest.build
+
+    def recording_build(self: SessionFetchRequest, cls: object) -> object:
+        struct = build(self, cls)
+        if self.in_session:
+            sizes.append(sum(len(p) for _, p in struct.topics))
+        return struct
+
+    async def run() -> tuple[dict[str, list[int]], fetch_sessions.SessionClient]:
+        consumer = AIOKafkaConsumer(
+            *names, bootstrap_servers=kafka_bootstrap, group_id=f"fsess-{tag}",
+            auto_offset_reset="earliest", fetch_max_wait_ms=20, enable_auto_commit=False,
+        )
+        await consumer.start()
+        client = fetch_sessions.install(consumer)
+        assert client is not None
+        seen: dict[str, list[int]] = defaultdict(list)
+        try:
+            await _read(consumer, seen, 0)
+            step = RECORDS // ROUNDS
+            for r in range(ROUNDS):
+                if r == ROUNDS // 2:
+                    for s in client.sessions.values():  # an epoch the broker never gave
+                        s.epoch += 5
+                await asyncio.to_thread(_produce, kafka_bootstrap, names, r * step, step, rng)
+                await _read(consumer, seen, (r + 1) * step)
+                await asyncio.sleep(0.1)  # idle fetches: nothing changed, nothing named
+            await asyncio.sleep(0.3)  # anything sent twice would arrive now
+            batch = await consumer.getmany(timeout_ms=200)
+            for tp, records in batch.items():
+                seen[tp.topic].extend(int(r.value) for r in records)
+        finally:
+            await consumer.stop()
+        return seen, client
+
+    SessionFetchRequest.build = recording_build  # type: ignore[method-assign]
+    try:
+        seen, client = asyncio.run(run())
+    finally:
+        SessionFetchRequest.build = build  # type: ignore[method-assign]
+
+    values = [v for vs in seen.values() for v in vs]
+    assert sorted(values) == list(range(RECORDS))  # every record, none twice
+    for vs in seen.values():
+        assert vs == sorted(vs)  # in order within each partition
+    sessions = list(client.sessions.values())
+    assert sum(s.incremental_fetches for s in sessions) > 20
+    assert sum(s.opened for s in sessions) >= 2  # the stale epoch forced a new session
+    assert sum(s.full_fetches for s in sessions) <= 6  # ... and not many more
+    # a full fetch names all 60 partitions; most in-session ones name a few
+    small = sum(1 for n in sizes if n <= TOPICS // 4)
+    assert small >= 0.8 * len(sizes), sorted(sizes)[-20:]

@@ -1,0 +1,216 @@
+"""Incremental fetch sessions (Kafka's KIP-227) for the aiokafka consumer under Faust.
+
+aiokafka 0.14 sends every fetch as a full one: each request names every assigned
+partition that has no buffered records, and each response carries a header for every
+one of them, most empty. The admission app reads one request topic per tenant, so at
+1,000 tenants every fetch encoded and decoded ~1,000 partitions in Python and the CPU
+per request was 3.3-3.9x the 10-tenant figure (docs/architecture.md, "CPU per request
+as pools and tenants grow"). With a session the broker remembers the partitions and
+their fetch offsets: after the first full fetch a request names only the partitions
+whose offset changed (those that returned records and were consumed) or that join or
+leave the session, and a response carries only the partitions that have something to
+say. Both become O(partitions with traffic).
+
+aiokafka leaves a partition out of a fetch while it still holds buffered records from
+the last one; in a session a partition left out would still be fetched from its cached
+offset (the same records again), so such a partition is *forgotten* for that request
+and added back, at its new offset, once consumed. Any error, a failed or cancelled
+send, or a session the broker no longer knows (after its restart) starts a new session
+with a full fetch: a lost session costs one full fetch, never a record.
+
+Installed on each consumer's fetcher after it starts (engine.py). Nothing here decides
+what is fetched: aiokafka still picks the partitions and offsets; this only changes how
+the request says it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Final
+
+from aiokafka.protocol.fetch import FetchRequest
+from aiokafka.structs import TopicPartition
+
+log = logging.getLogger(__name__)
+
+FIRST_SESSION_VERSION: Final = 7  # FetchRequest v7 added session_id and session_epoch
+NEW_SESSION: Final = 0  # session_id 0 with epoch 0: "open a session for this full fetch"
+MAX_EPOCH: Final = 2**31 - 1
+
+Offsets = dict[TopicPartition, tuple[int, int]]  # tp -> (fetch offset, max bytes)
+
+
+class FetchSession:
+    """One broker's session, as this consumer last told it (one fetch in flight per
+    broker at a time: aiokafka's `_in_flight`)."""
+
+    __slots__ = ("epoch", "full_fetches", "incremental_fetches", "opened", "parts", "session_id")
+
+    def __init__(self) -> None:
+        self.session_id = NEW_SESSION
+        self.epoch = 0
+        self.parts: Offsets = {}  # what the broker holds for this session
+        self.full_fetches = 0
+        self.incremental_fetches = 0
+        self.opened = 0  # sessions the broker granted
+
+    def reset(self) -> None:
+        """Forget the session: the next fetch is a full one that opens a new session."""
+        self.session_id = NEW_SESSION
+        self.epoch = 0
+        self.parts = {}
+
+    def request(self, base: FetchRequest) -> SessionFetchRequest:
+        """`base` (aiokafka's full request) as this session's next request."""
+        wanted: Offsets = {}
+        for topic, partitions in base.topics:
+            for partition, offset, max_bytes in partitions:
+                wanted[TopicPartition(topic, partition)] = (offset, max_bytes)
+        if self.session_id == NEW_SESSION:
+            changed = wanted
+            forgotten: list[TopicPartition] = []
+            self.full_fetches += 1
+        else:
+            parts = self.parts
+            changed = {tp: v for tp, v in wanted.items() if parts.get(tp) != v}
+            forgotten = [tp for tp in parts if tp not in wanted]
+            self.incremental_fetches += 1
+        return SessionFetchRequest(base, self, wanted, changed, forgotten)
+
+    def answered(self, req: SessionFetchRequest, error_code: int, session_id: int) -> None:
+        """The broker answered `req`: move to the next epoch, or start over."""
+        if not req.in_session:
+            return  # sent as a sessionless full fetch (a broker older than v7)
+        if error_code:
+            log.info("fetch session %d ended by the broker (error %d): a full fetch next",
+                     self.session_id, error_code)
+            self.reset()
+            return
+        if self.session_id == NEW_SESSION:
+            self.session_id = session_id  # 0: the broker declined; the next is full again
+            self.epoch = 1 if session_id != NEW_SESSION else 0
+            self.opened += session_id != NEW_SESSION
+        else:
+            self.epoch = self.epoch + 1 if self.epoch < MAX_EPOCH else 1
+        self.parts = req.wanted if self.session_id != NEW_SESSION else {}
+
+
+def _by_topic(parts: Offsets) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    topics: dict[str, list[tuple[int, int, int]]] = {}
+    for tp, (offset, max_bytes) in parts.items():
+        topics.setdefault(tp.topic, []).append((tp.partition, offset, max_bytes))
+    return list(topics.items())
+
+
+class SessionFetchRequest(FetchRequest):
+    """A fetch that names only what changed since the session's last request.
+
+    `topics` is what aiokafka's response handler reads to match each partition of the
+    response with the offset it was fetched at: it starts as every partition wanted,
+    and once the response is in, only those the response names (a response of 3
+    partitions out of 1,000 then costs 3 lookups, not a 1,000-entry map)."""
+
+    def __init__(self, base: FetchRequest, session: FetchSession, wanted: Offsets,
+                 changed: Offsets, forgotten: list[TopicPartition]) -> None:
+        super().__init__(base._max_wait_ms, base._min_bytes, base._max_bytes,
+                         base._isolation_level, _by_topic(changed), rack_id=base._rack_id)
+        self.session = session
+        self.wanted = wanted
+        self.forgotten = forgotten
+        self.session_id = session.session_id
+        self.epoch = session.epoch
+        self.in_session = False
+        self._view: list[tuple[str, list[tuple[int, int, int]]]] | None = None
+
+    @property
+    def topics(self) -> list[tuple[str, list[tuple[int, int, int]]]]:
+        if self._view is None:
+            self._view = _by_topic(self.wanted)
+        return self._view
+
+    def build(self, request_struct_class: Any) -> Any:
+        if request_struct_class.API_VERSION < FIRST_SESSION_VERSION:
+            self._topics = _by_topic(self.wanted)  # no sessions: a plain full fetch
+            return super().build(request_struct_class)
+        struct = super().build(request_struct_class)
+        struct.session_id = self.session_id
+        struct.session_epoch = self.epoch
+        forgotten: dict[str, list[int]] = {}
+        for tp in self.forgotten:
+            forgotten.setdefault(tp.topic, []).append(tp.partition)
+        struct.forgotten_topics_data = list(forgotten.items())
+        self.in_session = True
+        return struct
+
+    def matched(self, response: Any) -> None:
+        """Narrow `topics` to the partitions `response` names (those it knows)."""
+        wanted = self.wanted
+        view: list[tuple[str, list[tuple[int, int, int]]]] = []
+        kept: list[tuple[str, list[Any]]] = []
+        for topic, partitions in response.topics:
+            mine: list[tuple[int, int, int]] = []
+            known: list[Any] = []
+            for part in partitions:
+                v = wanted.get(TopicPartition(topic, part[0]))
+                if v is not None:  # never a partition this consumer did not ask for
+                    mine.append((part[0], v[0], v[1]))
+                    known.append(part)
+            if mine:
+                view.append((topic, mine))
+                kept.append((topic, known))
+        self._view = view
+        response.topics = kept
+
+
+class SessionClient:
+    """The fetcher's view of the client: fetches go through their broker's session,
+    everything else straight to aiokafka's client."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self.sessions: dict[int, FetchSession] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def send(self, node_id: int, request: Any, **kwargs: Any) -> Any:
+        if not isinstance(request, FetchRequest) or isinstance(request, SessionFetchRequest):
+            return await self._client.send(node_id, request, **kwargs)
+        session = self.sessions.get(node_id)
+        if session is None:
+            session = self.sessions[node_id] = FetchSession()
+        req = session.request(request)
+        try:
+            response = await self._client.send(node_id, req, **kwargs)
+        except BaseException:  # failed or cancelled: the broker's view is unknown now
+            session.reset()
+            raise
+        if response.API_VERSION >= FIRST_SESSION_VERSION:
+            session.answered(req, response.error_code, response.session_id)
+            if response.error_code:
+                response.topics = []
+        req.matched(response)
+        return response
+
+
+def _speaks_this_aiokafka() -> bool:
+    """The private fields of aiokafka 0.14's FetchRequest that SessionFetchRequest reads."""
+    probe = FetchRequest(1, 1, 1, 0, [])
+    return all(hasattr(probe, a) for a in
+               ("_max_wait_ms", "_min_bytes", "_max_bytes", "_isolation_level", "_rack_id",
+                "_topics"))
+
+
+def install(consumer: Any) -> SessionClient | None:
+    """Route a started aiokafka consumer's fetches through fetch sessions."""
+    fetcher = getattr(consumer, "_fetcher", None)
+    if fetcher is None or isinstance(getattr(fetcher, "_client", None), SessionClient):
+        return None
+    if not _speaks_this_aiokafka():
+        log.warning("aiokafka's FetchRequest is not the one fetch_sessions.py was written "
+                    "for (0.14): fetching without sessions")
+        return None
+    client = SessionClient(fetcher._client)
+    fetcher._client = client
+    return client
+
