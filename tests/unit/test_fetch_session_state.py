@@ -86,6 +86,8 @@ def test_the_response_is_matched_to_the_offsets_asked_for_and_nothing_else() -> 
     req = s.request(_base(offsets))
     part: Any = (0, 0, 100, 100, 0, [], -1, b"")
     resp = FetchResponse_v11(0, 0, 42, [("a", [part]), ("zzz", [part])])
+    base = _base(offsets)
+    req = s.request(base)
     req.matched(resp)
-    assert req.topics == [("a", [(0, 5, 1024)])]  # what aiokafka looks the offset up in
+    assert base.topics == [("a", [(0, 5, 1024)])]  # what aiokafka looks the offset up in
     assert [t for t, _ in resp.topics] == ["a"]  # a partition never asked for is dropped

@@ -37,7 +37,52 @@ FIRST_SESSION_VERSION: Final = 7  # FetchRequest v7 added session_id and session
 NEW_SESSION: Final = 0  # session_id 0 with epoch 0: "open a session for this full fetch"
 MAX_EPOCH: Final = 2**31 - 1
 
-Offsets = dict[TopicPartition, tuple[int, int]]  # tp -> (fetch offset, max bytes)
+Offsets = dict[TopicPartition, int]  # tp -> fetch offset
+Topics = list[tuple[str, list[tuple[int, int, int]]]]  # aiokafka's (topic, [(p, offset, max)])
+
+
+def _by_topic(parts: Offsets, max_bytes: int) -> Topics:
+    topics: dict[str, list[tuple[int, int, int]]] = {}
+    for tp, offset in parts.items():
+        topics.setdefault(tp.topic, []).append((tp.partition, offset, max_bytes))
+    return list(topics.items())
+
+
+class PlannedFetch(FetchRequest):
+    """A full fetch as a map of partition -> offset (fetch_scan.py builds these): the
+    session diffs the map against what the broker holds without first flattening it
+    into aiokafka's per-topic lists, which cost more than the walk itself."""
+
+    def __init__(self, max_wait_ms: int, min_bytes: int, max_bytes: int, isolation_level: int,
+                 wanted: Offsets, partition_max_bytes: int, rack_id: str = "") -> None:
+        super().__init__(max_wait_ms, min_bytes, max_bytes, isolation_level, [],
+                         rack_id=rack_id)
+        self.wanted = wanted
+        self.partition_max_bytes = partition_max_bytes
+        self._flat: Topics | None = None
+
+    @property
+    def topics(self) -> Topics:
+        if self._flat is None:
+            self._flat = _by_topic(self.wanted, self.partition_max_bytes)
+        return self._flat
+
+    def build(self, request_struct_class: Any) -> Any:
+        self._topics = self.topics
+        return super().build(request_struct_class)
+
+
+def _planned(base: FetchRequest) -> PlannedFetch:
+    if isinstance(base, PlannedFetch):
+        return base
+    wanted: Offsets = {}
+    max_bytes = 0  # one figure for every partition (aiokafka's max_partition_fetch_bytes)
+    for topic, partitions in base.topics:
+        for partition, offset, limit in partitions:
+            wanted[TopicPartition(topic, partition)] = offset
+            max_bytes = limit
+    return PlannedFetch(base._max_wait_ms, base._min_bytes, base._max_bytes,
+                        base._isolation_level, wanted, max_bytes, base._rack_id)
 
 
 class FetchSession:
@@ -61,21 +106,21 @@ class FetchSession:
         self.parts = {}
 
     def request(self, base: FetchRequest) -> SessionFetchRequest:
-        """`base` (aiokafka's full request) as this session's next request."""
-        wanted: Offsets = {}
-        for topic, partitions in base.topics:
-            for partition, offset, max_bytes in partitions:
-                wanted[TopicPartition(topic, partition)] = (offset, max_bytes)
+        """`base` (a full request: aiokafka's, or fetch_scan's map) as this session's next
+        request."""
+        plan = _planned(base)
+        wanted = plan.wanted
         if self.session_id == NEW_SESSION:
             changed = wanted
             forgotten: list[TopicPartition] = []
             self.full_fetches += 1
         else:
             parts = self.parts
-            changed = {tp: v for tp, v in wanted.items() if parts.get(tp) != v}
+            get = parts.get
+            changed = {tp: v for tp, v in wanted.items() if get(tp) != v}
             forgotten = [tp for tp in parts if tp not in wanted]
             self.incremental_fetches += 1
-        return SessionFetchRequest(base, self, wanted, changed, forgotten)
+        return SessionFetchRequest(base, plan, self, changed, forgotten)
 
     def answered(self, req: SessionFetchRequest, error_code: int, session_id: int) -> None:
         """The broker answered `req`: move to the next epoch, or start over."""
@@ -95,42 +140,37 @@ class FetchSession:
         self.parts = req.wanted if self.session_id != NEW_SESSION else {}
 
 
-def _by_topic(parts: Offsets) -> list[tuple[str, list[tuple[int, int, int]]]]:
-    topics: dict[str, list[tuple[int, int, int]]] = {}
-    for tp, (offset, max_bytes) in parts.items():
-        topics.setdefault(tp.topic, []).append((tp.partition, offset, max_bytes))
-    return list(topics.items())
-
-
 class SessionFetchRequest(FetchRequest):
     """A fetch that names only what changed since the session's last request.
 
-    `topics` is what aiokafka's response handler reads to match each partition of the
-    response with the offset it was fetched at: it starts as every partition wanted,
-    and once the response is in, only those the response names (a response of 3
-    partitions out of 1,000 then costs 3 lookups, not a 1,000-entry map)."""
+    aiokafka's response handler reads `topics` of the request it made (`origin`) to match
+    each partition of the response with the offset it was fetched at. Once the response
+    is in, `origin` is narrowed to the partitions the response names: a response of 3
+    partitions out of 1,000 then costs 3 lookups, not a 1,000-entry map."""
 
-    def __init__(self, base: FetchRequest, session: FetchSession, wanted: Offsets,
+    def __init__(self, origin: FetchRequest, plan: PlannedFetch, session: FetchSession,
                  changed: Offsets, forgotten: list[TopicPartition]) -> None:
-        super().__init__(base._max_wait_ms, base._min_bytes, base._max_bytes,
-                         base._isolation_level, _by_topic(changed), rack_id=base._rack_id)
-        self.session = session
-        self.wanted = wanted
+        super().__init__(plan._max_wait_ms, plan._min_bytes, plan._max_bytes,
+                         plan._isolation_level, _by_topic(changed, plan.partition_max_bytes),
+                         rack_id=plan._rack_id)
+        self.origin = origin  # the request aiokafka holds and reads the response against
+        self.plan = plan
+        self.wanted = plan.wanted
         self.forgotten = forgotten
         self.session_id = session.session_id
         self.epoch = session.epoch
         self.in_session = False
-        self._view: list[tuple[str, list[tuple[int, int, int]]]] | None = None
+        self._view: Topics | None = None
 
     @property
-    def topics(self) -> list[tuple[str, list[tuple[int, int, int]]]]:
+    def topics(self) -> Topics:
         if self._view is None:
-            self._view = _by_topic(self.wanted)
+            self._view = self.plan.topics
         return self._view
 
     def build(self, request_struct_class: Any) -> Any:
         if request_struct_class.API_VERSION < FIRST_SESSION_VERSION:
-            self._topics = _by_topic(self.wanted)  # no sessions: a plain full fetch
+            self._topics = self.plan.topics  # no sessions: a plain full fetch
             return super().build(request_struct_class)
         struct = super().build(request_struct_class)
         struct.session_id = self.session_id
@@ -145,21 +185,27 @@ class SessionFetchRequest(FetchRequest):
     def matched(self, response: Any) -> None:
         """Narrow `topics` to the partitions `response` names (those it knows)."""
         wanted = self.wanted
-        view: list[tuple[str, list[tuple[int, int, int]]]] = []
+        max_bytes = self.plan.partition_max_bytes
+        view: Topics = []
         kept: list[tuple[str, list[Any]]] = []
         for topic, partitions in response.topics:
             mine: list[tuple[int, int, int]] = []
             known: list[Any] = []
             for part in partitions:
-                v = wanted.get(TopicPartition(topic, part[0]))
-                if v is not None:  # never a partition this consumer did not ask for
-                    mine.append((part[0], v[0], v[1]))
+                offset = wanted.get(TopicPartition(topic, part[0]))
+                if offset is not None:  # never a partition this consumer did not ask for
+                    mine.append((part[0], offset, max_bytes))
                     known.append(part)
             if mine:
                 view.append((topic, mine))
                 kept.append((topic, known))
         self._view = view
         response.topics = kept
+        origin = self.origin
+        if isinstance(origin, PlannedFetch):
+            origin._flat = view
+        else:
+            origin._topics = view
 
 
 class SessionClient:
