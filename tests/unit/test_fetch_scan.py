@@ -96,3 +96,21 @@ def test_a_fetcher_that_reads_followers_keeps_aiokafkas_walk() -> None:
     assert not install(f)
     f._client_rack = None
     assert install(f)
+
+
+def test_walks_are_spaced_by_their_own_cost() -> None:
+    async def run() -> None:
+        tps = [TopicPartition(f"t{i}", 0) for i in range(500)]
+        a = Assignment(tps)
+        for i, tp in enumerate(tps):
+            a.state_value(tp)._position = i
+        f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
+        first = actions_per_node(f, a)
+        assert len(first[0]) == 1  # one fetch, to node 1
+        again = actions_per_node(f, a)  # at once: the loop is told to wait, nothing else
+        assert again[0] == [] and again[1] == {} and not again[3] and again[4] == []
+        assert 0.0 < again[2] < 1.0
+        f._triage_next_walk = 0.0  # the spacing has passed
+        assert len(actions_per_node(f, a)[0]) == 1
+
+    asyncio.run(run())

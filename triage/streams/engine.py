@@ -70,6 +70,7 @@ def freeze_heap() -> None:
 def install_patches(fresh_pattern: str) -> None:
     """The process-wide Faust fixes every app of ours runs with (idempotent)."""
     _short_fetch_waits()
+    faust_fixes.commit_against_one_assignment()  # before the wrapper below, which calls it
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
 
