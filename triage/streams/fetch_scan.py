@@ -23,9 +23,12 @@ from typing import Any, Final
 
 from triage.streams.fetch_sessions import PlannedFetch
 
-# A walk waits this many times the last walk's duration after it (a walk of 1,000
-# partitions: ~0.2 ms, so the next may start ~2 ms later; of 20: ~10 µs, 0.1 ms later).
+# A walk waits this many times the last walk's CPU time after it (a walk of 1,000
+# partitions: ~0.2 ms, so the next may start ~2 ms later; of 20: ~10 µs, 0.1 ms later),
+# and never more than MAX_WALK_SPACING_S. CPU time, not wall time: a walk preempted for
+# the GIL's 5 ms switch interval would otherwise hold the next one back 50 ms.
 WALK_SPACING: Final = 10.0
+MAX_WALK_SPACING_S: Final = 0.005
 
 
 def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
@@ -35,10 +38,11 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
     buffer a consumer drains; walks come at most one per WALK_SPACING x the last one's
     duration (sooner, the loop is told to wait the rest), so that walking ~1,000
     partitions stays under a tenth of the loop's time however often it wakes."""
-    start = time.perf_counter()
-    rest = getattr(self, "_triage_next_walk", 0.0) - start
+    now = time.perf_counter()
+    rest = getattr(self, "_triage_next_walk", 0.0) - now
     if rest > 0.0:
         return [], {}, rest, False, []
+    cpu = time.thread_time()
     fetchable: dict[int, dict[Any, int]] = defaultdict(dict)
     awaiting_reset: dict[int, list[Any]] = defaultdict(list)
     backoff_by_nodes: dict[int, list[float]] = defaultdict(list)
@@ -79,8 +83,8 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
         timeout = min(map(max, backoff_by_nodes.values()))
     else:
         timeout = self._fetcher_timeout
-    end = time.perf_counter()
-    self._triage_next_walk = end + WALK_SPACING * (end - start)
+    spacing = WALK_SPACING * (time.thread_time() - cpu)
+    self._triage_next_walk = time.perf_counter() + min(spacing, MAX_WALK_SPACING_S)
     return fetch_requests, awaiting_reset, timeout, invalid_metadata, resume_futures
 
 
