@@ -17,10 +17,19 @@ until [ -n "$PORT" ] || ! kill -0 $PID 2>/dev/null; do
 done
 until curl -s 127.0.0.1:$PORT/metrics | grep -q "triage_admission_ready 1.0"; do sleep 0.3; kill -0 $PID 2>/dev/null || break; done
 T0=$(awk '{print $14+$15}' /proc/$PID/stat); echo "ready_cpu_ticks $T0" >> $O/cpu.txt
+threads() {  # per-thread CPU ticks (utime+stime) and name: tid comm ticks
+  for t in /proc/$PID/task/*; do echo "${t##*/} $(tr ' ' _ < $t/comm) $(awk '{print $14+$15}' $t/stat)"; done 2>/dev/null
+}
+threads > $O/threads-ready.txt
+.venv/bin/py-spy dump -p $PID > $O/threads-names.txt 2>&1
 .venv/bin/py-spy record --nonblocking -r 100 -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
 SP=$!
 LAST=$T0
-while kill -0 $PID 2>/dev/null; do LAST=$(awk '{print $14+$15}' /proc/$PID/stat 2>/dev/null || echo $LAST); sleep 0.2; done
+while kill -0 $PID 2>/dev/null; do
+  LAST=$(awk '{print $14+$15}' /proc/$PID/stat 2>/dev/null || echo $LAST)
+  threads > $O/threads-end.tmp; [ -s $O/threads-end.tmp ] && mv $O/threads-end.tmp $O/threads-end.txt
+  sleep 0.2
+done
 echo "end_cpu_ticks $LAST" >> $O/cpu.txt
 wait $BP; wait $SP
 cat $O/bench.json; cat $O/cpu.txt
@@ -31,4 +40,19 @@ c=dict(l.split()[0:2] for l in open(o+"/cpu.txt") if l.startswith(("ready","end"
 cpu=(int(c["end_cpu_ticks"])-int(c["ready_cpu_ticks"]))/100
 n=b["burst_requests"]+b["latency_requests"]
 print(f"admission CPU after ready: {cpu:.1f} s for {n} requests = {cpu/n*1e6:.0f} us/request")
+import re
+names = {}
+for line in open(o + "/threads-names.txt"):  # py-spy dump: Thread 0x... (tid) or Thread <tid> ... "Name"
+    m = re.match(r'Thread (0x[0-9A-Fa-f]+|\d+) \((?:\w+)(?:[^)]*)\): "([^"]+)"', line)
+    if m and m.group(1).isdigit():
+        names[m.group(1)] = m.group(2)
+def ticks(f):
+    return {l.split()[0]: (l.split()[1], int(l.split()[2])) for l in open(f) if len(l.split()) == 3}
+a, b = ticks(o + "/threads-ready.txt"), ticks(o + "/threads-end.txt")
+rows = sorted(((b[t][1] - a.get(t, ("", 0))[1], t, names.get(t, b[t][0])) for t in b), reverse=True)
+total = sum(r[0] for r in rows) or 1
+print("CPU by thread after ready (ticks of 10 ms; share of the process):")
+for d, t, name in rows:
+    if d > 0:
+        print(f"  {d:6d}  {100 * d / total:5.1f}%  {name} (tid {t})")
 PY
