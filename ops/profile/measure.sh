@@ -24,10 +24,11 @@ threads > $O/threads-ready.txt
 .venv/bin/py-spy dump -p $PID > $O/threads-names.txt 2>&1
 .venv/bin/py-spy record --nonblocking -r 100 -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
 SP=$!
+(sleep 3; .venv/bin/py-spy dump -p $PID >> $O/threads-names.txt 2>&1) &  # threads started after ready
 LAST=$T0
 while kill -0 $PID 2>/dev/null; do
   LAST=$(awk '{print $14+$15}' /proc/$PID/stat 2>/dev/null || echo $LAST)
-  threads > $O/threads-end.tmp; [ -s $O/threads-end.tmp ] && mv $O/threads-end.tmp $O/threads-end.txt
+  threads >> $O/threads-end.txt  # every snapshot: a thread that ends early keeps its last
   sleep 0.2
 done
 echo "end_cpu_ticks $LAST" >> $O/cpu.txt
@@ -46,8 +47,14 @@ for line in open(o + "/threads-names.txt"):  # py-spy dump: Thread 0x... (tid) o
     m = re.match(r'Thread (0x[0-9A-Fa-f]+|\d+) \((?:\w+)(?:[^)]*)\): "([^"]+)"', line)
     if m and m.group(1).isdigit():
         names[m.group(1)] = m.group(2)
-def ticks(f):
-    return {l.split()[0]: (l.split()[1], int(l.split()[2])) for l in open(f) if len(l.split()) == 3}
+def ticks(f):  # tid -> (name, the most ticks any snapshot saw)
+    out = {}
+    for l in open(f):
+        if len(l.split()) == 3:
+            tid, name, n = l.split()
+            if int(n) >= out.get(tid, ("", -1))[1]:
+                out[tid] = (name, int(n))
+    return out
 a, b = ticks(o + "/threads-ready.txt"), ticks(o + "/threads-end.txt")
 rows = sorted(((b[t][1] - a.get(t, ("", 0))[1], t, names.get(t, b[t][0])) for t in b), reverse=True)
 total = sum(r[0] for r in rows) or 1
