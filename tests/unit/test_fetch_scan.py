@@ -24,11 +24,8 @@ class _Cluster:
 
     def __init__(self, leaders: dict[TopicPartition, int]) -> None:
         self._partitions: dict[str, dict[int, _Meta]] = {}
-        self._broker_partitions: dict[int, set[TopicPartition]] = {}
         for tp, leader in leaders.items():
             self._partitions.setdefault(tp.topic, {})[tp.partition] = _Meta(leader)
-            if leader != -1:
-                self._broker_partitions.setdefault(leader, set()).add(tp)
 
     def leader_for_partition(self, tp: TopicPartition) -> int | None:
         meta = self._partitions.get(tp.topic, {}).get(tp.partition)
@@ -115,70 +112,5 @@ def test_walks_are_spaced_by_their_own_cost() -> None:
         assert 0.0 < again[2] <= MAX_WALK_SPACING_S
         f._triage_next_walk = 0.0  # the spacing has passed
         assert len(actions_per_node(f, a)[0]) == 1
-
-    asyncio.run(run())
-
-
-class _CountedWalks(dict):  # type: ignore[type-arg]
-    """An assignment's partition states that count our full walks over them (aiokafka's
-    own walk reads them otherwise)."""
-
-    walks = 0
-
-    def items(self):  # type: ignore[no-untyped-def]
-        self.walks += 1
-        return super().items()
-
-
-def test_behind_an_in_flight_fetch_only_the_buffered_partitions_are_looked_at() -> None:
-    async def run() -> None:
-        tps = [TopicPartition(f"t{i % 30}", i // 30) for i in range(300)]
-        a = Assignment(tps)
-        for i, tp in enumerate(tps):
-            a.state_value(tp)._position = i
-        a._tp_state = walks = _CountedWalks(a._tp_state)
-        leaders = {tp: (1 if i % 2 else 2) for i, tp in enumerate(tps)}
-        f = _fetcher(_Cluster(leaders), set())
-
-        def both() -> tuple[Any, Any]:
-            f._triage_next_walk = 0.0  # no spacing: each call is a wake of the loop
-            mine = _norm(actions_per_node(f, a))
-            return mine, _norm(Fetcher._get_actions_per_node(f, a))
-
-        mine, theirs = both()  # nothing in flight: a full walk, fetches to both nodes
-        assert mine == theirs and len(mine[0]) == 2 and walks.walks == 1
-        f._in_flight.add(1)  # one leader still fetchable: a full walk
-        mine, theirs = both()
-        assert mine == theirs and len(mine[0]) == 1 and walks.walks == 2
-        f._in_flight.add(2)  # both in flight: only the buffered partitions count
-        f._records[tps[5]] = FetchResult(tps[5], partition_records=None, assignment=a,
-                                         backoff=0.5)
-        mine, theirs = both()
-        assert mine == theirs == ([], {}, 0.5, False, 0) and walks.walks == 2  # no walk
-        f._records.clear()
-        mine, theirs = both()
-        assert mine == theirs == ([], {}, 0.2, False, 0) and walks.walks == 2
-        # new metadata (a rebalance of leaders, a new topic): walked in full again
-        f._client.cluster = _Cluster(leaders)
-        mine, theirs = both()
-        assert mine == theirs and walks.walks == 3
-
-    asyncio.run(run())
-
-
-def test_a_partition_without_a_leader_keeps_the_full_walk() -> None:
-    async def run() -> None:
-        tps = [TopicPartition("t", i) for i in range(20)]
-        a = Assignment(tps)
-        for i, tp in enumerate(tps):
-            a.state_value(tp)._position = i
-        a._tp_state = walks = _CountedWalks(a._tp_state)
-        leaders = {tp: (-1 if i == 7 else 1) for i, tp in enumerate(tps)}
-        f = _fetcher(_Cluster(leaders), {1})
-        for expected_walks in (1, 2):
-            f._triage_next_walk = 0.0
-            mine = _norm(actions_per_node(f, a))
-            assert mine == _norm(Fetcher._get_actions_per_node(f, a))
-            assert mine[3] and walks.walks == expected_walks  # stale metadata, every time
 
     asyncio.run(run())

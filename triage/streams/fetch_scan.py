@@ -7,8 +7,7 @@ assigned partition through properties and method calls: ~3 ms for the admission 
 time (counted with a temporary wrapper in a 1,000-tenant bench run; docs/architecture.md,
 "Incremental fetch sessions"). This is the same decision, partition for partition, with
 the per-partition work cut to dictionary reads of the state aiokafka 0.14 keeps: still
-O(partitions) per wake, at a smaller constant (and O(buffered partitions) while every
-leader's fetch is in flight, as at most wakes), and each broker's fetch comes out as a map
+O(partitions) per wake, at a smaller constant, and each broker's fetch comes out as a map
 of partition -> offset (`PlannedFetch`) that the fetch session diffs directly. aiokafka
 shuffles each request's partitions so that a response's byte limit falls on different
 ones each time; a session's request names a few partitions, and a full one is far under
@@ -43,29 +42,20 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
     rest = getattr(self, "_triage_next_walk", 0.0) - now
     if rest > 0.0:
         return [], {}, rest, False, []
-    cluster = self._client.cluster
-    by_topic = cluster._partitions  # topic -> partition -> metadata
-    in_flight = self._in_flight
-    walked = getattr(self, "_triage_walked", None)
-    if (
-        in_flight and walked is not None and walked[0] is assignment and walked[1] is by_topic
-        and in_flight.issuperset(cluster._broker_partitions)
-    ):
-        return _behind_in_flight(self, assignment, by_topic)
     cpu = time.thread_time()
     fetchable: dict[int, dict[Any, int]] = defaultdict(dict)
     awaiting_reset: dict[int, list[Any]] = defaultdict(list)
     backoff_by_nodes: dict[int, list[float]] = defaultdict(list)
     resume_futures: list[Any] = []
     invalid_metadata = False
-    leaderless = False
     records = self._records
+    in_flight = self._in_flight
+    by_topic = self._client.cluster._partitions  # topic -> partition -> metadata
     for tp, state in assignment._tp_state.items():
         parts = by_topic.get(tp.topic)
         meta = None if parts is None else parts.get(tp.partition)
         node_id = None if meta is None else meta.leader
         if tp in records:  # buffered records not consumed yet
-            leaderless = leaderless or node_id is None or node_id == -1
             backoff = records[tp].calculate_backoff()
             if backoff:
                 backoff_by_nodes[node_id].append(backoff)  # type: ignore[index]
@@ -95,34 +85,7 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
         timeout = self._fetcher_timeout
     spacing = WALK_SPACING * (time.thread_time() - cpu)
     self._triage_next_walk = time.perf_counter() + min(spacing, MAX_WALK_SPACING_S)
-    # what _behind_in_flight may assume until the assignment or the metadata changes
-    leaderless = leaderless or invalid_metadata
-    self._triage_walked = None if leaderless else (assignment, by_topic)
     return fetch_requests, awaiting_reset, timeout, invalid_metadata, resume_futures
-
-
-def _behind_in_flight(self: Any, assignment: Any, by_topic: Any) -> tuple[Any, ...]:
-    """The walk when every broker that leads a partition has a fetch in flight, the
-    assignment and the metadata are those of the last full walk and it found every
-    partition led: each partition is then skipped as behind its leader's fetch, or
-    counted for its buffer's backoff, so only the buffered ones need a look. Most wakes
-    of the fetch loop come while its one fetch waits at the broker (a consumer drained a
-    buffer): this makes them O(buffered partitions), not O(assigned)."""
-    backoff_by_nodes: dict[Any, list[float]] = defaultdict(list)
-    tp_state = assignment._tp_state
-    for tp, result in self._records.items():
-        if tp not in tp_state:
-            continue
-        backoff = result.calculate_backoff()
-        if backoff:
-            parts = by_topic.get(tp.topic)
-            meta = None if parts is None else parts.get(tp.partition)
-            backoff_by_nodes[None if meta is None else meta.leader].append(backoff)
-    if backoff_by_nodes:
-        timeout = min(map(max, backoff_by_nodes.values()))
-    else:
-        timeout = self._fetcher_timeout
-    return [], {}, timeout, False, []
 
 
 def _speaks_this_aiokafka(fetcher: Any) -> bool:
@@ -131,7 +94,7 @@ def _speaks_this_aiokafka(fetcher: Any) -> bool:
         "_records", "_in_flight", "_client", "_max_partition_fetch_bytes",
         "_fetch_max_wait_ms", "_fetch_min_bytes", "_fetch_max_bytes", "_isolation_level",
         "_client_rack", "_fetcher_timeout", "_preferred_read_replica",
-    )) and all(hasattr(fetcher._client.cluster, a) for a in ("_partitions", "_broker_partitions"))
+    )) and hasattr(fetcher._client.cluster, "_partitions")
 
 
 def install(fetcher: Any) -> bool:
