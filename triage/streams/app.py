@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,12 +32,16 @@ import faust
 from faust.types import TP
 
 from triage.config.checks import runnable_problem
-from triage.config.load import load_config, tenant_change
 from triage.config.models import TriageConfig
-from triage.kafka.clients import make_admin
 from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
 from triage.streams.committer import Committer, commit_continuously, exit_as_zombie
+from triage.streams.discovery import (
+    new_request_topics,
+    reload_config,
+    request_topics_on_broker,
+    subscribe,
+)
 from triage.streams.engine import (
     RAW_TOPIC,
     faust_app,
@@ -64,15 +67,13 @@ from triage.streams.sharding import ShardedServices
 from triage.streams.store import BUCKETS, LEARNED, REQUESTS, StrKeys
 from triage.topics.admin import (
     SHARDED_KINDS,
-    TopicSpec,
     create_topics,
-    ensure_topics,
     shard_layout_problem,
     topic_layout,
 )
 from triage.topics.errors import ShardLayoutError
 from triage.topics.messages import Tick
-from triage.topics.names import TopicKind, TopicNames
+from triage.topics.names import TopicNames
 from triage.topics.routing import publish_routes
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ def build_app(
     publish_routes(k.bootstrap_servers, names, config, group_id=f"{app_id}.routes")
     layout_problem = shard_layout_problem(k.bootstrap_servers, [
         *(s.name for s in topic_layout(config, names) if s.kind in SHARDED_KINDS),
-        *_request_topics_on_broker(config, names),
+        *request_topics_on_broker(config, names),
         f"{app_id}.outbox",  # the marks topic (engine.start_outbox)
         # Faust names a table's changelog so (Collection._changelog_topic_name)
         *(f"{app_id}-{table}-changelog" for table in (REQUESTS, BUCKETS, LEARNED)),
@@ -140,7 +141,7 @@ def build_app(
     # every tenant's topic on the broker, configured or not: a removed tenant's requests
     # are answered `invalid` (unknown_tenant), not left unread
     initial = sorted({names.requests(t.name) for t in config.tenants}
-                     | set(_request_topics_on_broker(config, names)))
+                     | set(request_topics_on_broker(config, names)))
     raw = RAW_TOPIC
     request_topic = app.topic(*initial, **raw)
     completions_topic = app.topic(names.completions, **raw)
@@ -371,12 +372,12 @@ def build_app(
         if admission.discovery_failures and int(time.monotonic() / DISCOVERY_S) % skip:
             return
         try:
-            changed = await asyncio.to_thread(_reload_config, admission)
+            changed = await asyncio.to_thread(reload_config, admission)
             if changed is not None:  # applied by the next tick, inside an event
                 shards.reconfigure(changed)
-            new = await asyncio.to_thread(_new_request_topics, admission)
+            new = await asyncio.to_thread(new_request_topics, admission)
             if new:
-                _subscribe(admission, new)
+                subscribe(admission, new)
                 # a new tenant's partitions are read from their beginning: the guard
                 # expects their first offset there (gaps.py)
                 gaps.start_at(await asyncio.to_thread(
@@ -389,59 +390,3 @@ def build_app(
             admission.discovery_failures = 0
 
     return admission
-
-
-def _request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:
-    pattern = re.compile(names.requests_pattern)
-    md = make_admin(config.kafka.bootstrap_servers).list_topics(timeout=5.0)
-    return [t for t in md.topics if pattern.match(t)]
-
-
-def _new_request_topics(admission: AdmissionApp) -> list[str]:
-    """Request topics on the broker that the app does not read yet (new tenants)."""
-    found = _request_topics_on_broker(admission.shards.config, admission.names)
-    return sorted(t for t in found if t not in admission.subscribed)
-
-
-def _subscribe(admission: AdmissionApp, topics: list[str]) -> None:
-    """Add topics to the request agent's subscription (Faust resubscribes and rebalances),
-    making sure each new tenant can be answered (its reply topic exists)."""
-    names = admission.names
-    config = admission.shards.config
-    template = next(s for s in topic_layout(config, names) if s.kind is TopicKind.REPLIES)
-    replies = [
-        TopicSpec(names.replies(tenant), TopicKind.REPLIES, template.partitions,
-                  template.replication_factor, template.config)
-        for tenant in map(names.tenant_of_request_topic, topics) if tenant is not None
-    ]
-    if replies:
-        ensure_topics(config.kafka.bootstrap_servers, replies)
-    faust_fixes.extend_subscription(admission.app, admission.request_topic,
-                                    admission.subscribed, topics)
-    admission.subscribed.update(topics)
-    admission.unassigned_since.update((t, time.monotonic()) for t in topics)
-    log.info("subscribed to new request topics: %s", ", ".join(topics))
-
-
-def _reload_config(admission: AdmissionApp) -> TriageConfig | None:
-    """The config to adopt when tenants were added to or removed from the config file
-    (other changes need a restart); creates the added tenants' topics. Runs in a thread:
-    it reads the service's config but leaves applying the change to the event loop."""
-    path = admission.config_path
-    if path is None:
-        return None
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        return None
-    last, admission.config_mtime = admission.config_mtime, mtime
-    if last is None or mtime == last:
-        return None
-    try:
-        changed = tenant_change(admission.shards.config, load_config(path))
-    except Exception as exc:  # a bad edit must not stop admission
-        log.error("config reload failed, keeping the running config: %s", exc)
-        return None
-    if changed is not None:
-        create_topics(changed.kafka.bootstrap_servers, admission.names, changed)
-    return changed
