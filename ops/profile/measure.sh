@@ -43,9 +43,9 @@ n=b["burst_requests"]+b["latency_requests"]
 print(f"admission CPU after ready: {cpu:.1f} s for {n} requests = {cpu/n*1e6:.0f} us/request")
 import re
 names = {}
-for line in open(o + "/threads-names.txt"):  # py-spy dump: Thread 0x... (tid) or Thread <tid> ... "Name"
-    m = re.match(r'Thread (0x[0-9A-Fa-f]+|\d+) \((?:\w+)(?:[^)]*)\): "([^"]+)"', line)
-    if m and m.group(1).isdigit():
+for line in open(o + "/threads-names.txt"):  # py-spy dump: Thread <tid> (idle): "Name"
+    m = re.match(r'Thread (\d+) \([^)]*\): "([^"]+)"', line)
+    if m:
         names[m.group(1)] = m.group(2)
 def ticks(f):  # tid -> (name, the most ticks any snapshot saw)
     out = {}

@@ -1,7 +1,9 @@
 """Finding new tenants while the app runs: request topics that appeared on the broker,
 and tenants added to or removed from the config file (docs/reliability.md, "Config
-changes"). The app's discovery timer calls these from a thread (they make blocking
-broker calls) and applies what they return on the event loop."""
+changes"). The app's discovery timer runs `reload_config` and `new_request_topics` in a
+thread (blocking broker calls) and `subscribe` on the event loop, since it changes the
+Faust subscription; `subscribe` still makes one blocking call, creating the new
+tenants' reply topics, which happens only when tenants appear."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ log = logging.getLogger(__name__)
 
 
 def request_topics_on_broker(config: TriageConfig, names: TopicNames) -> list[str]:
+    """Every tenant request topic on the broker, configured or not (blocking)."""
     pattern = re.compile(names.requests_pattern)
     md = make_admin(config.kafka.bootstrap_servers).list_topics(timeout=5.0)
     return [t for t in md.topics if pattern.match(t)]
