@@ -6,6 +6,9 @@ of its new work for the whole test."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -95,3 +98,50 @@ def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -
     with pytest.raises(OutboxFencedError):
         zombie.publish(2, [(work, b"k", b"after", 1, None)])
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
+
+
+_DIES_MID_BATCH = """
+import os, signal, sys
+from triage.streams.outbox import KafkaOutbox
+
+class DiesAfterOutputs(KafkaOutbox):
+    def _produce(self, p, topic, key, value, partition=-1, headers=None):
+        super()._produce(p, topic, key, value, partition, headers)
+        if value == b"last output":  # on the broker, its transaction open: kill -9
+            p.flush(30)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+bootstrap, txn_id, marks, work = sys.argv[1:5]
+outbox = DiesAfterOutputs(bootstrap, transactional_id=txn_id, marks_topic=marks, shards=2)
+outbox.start()
+outbox.mark_partitions.add(1)
+outbox.publish(7, [(work, b"k", b"w7", 1, None)])
+outbox.publish(8, [(work, b"k", b"w8", 1, None), (work, b"k", b"last output", 1, None)])
+"""
+
+
+def test_a_writer_killed_after_its_outputs_are_written_is_fenced_on_takeover(
+    kafka_bootstrap: str,
+) -> None:
+    """The outbox itself, killed with SIGKILL once a batch's outputs are on the broker and
+    before its transaction commits. The takeover sees the open transaction on the shard's
+    marks partition only if the mark was written before the outputs: written after them
+    (as before 2026-12-05), a kill between the two left the work partition held for the
+    whole transaction timeout with no trace on the marks partition, so nothing fenced the
+    dead writer (the two-instance kill -9 test lost 56 of 500 replies that way)."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"killed-{tag}.outbox", f"killed-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    dead_id = f"killed-{tag}.outbox.instance-i0"
+    child = subprocess.run([sys.executable, "-c", _DIES_MID_BATCH, kafka_bootstrap, dead_id,
+                            marks, work], capture_output=True, text=True, timeout=120)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    later = Producer({"bootstrap.servers": kafka_bootstrap})
+    later.produce(work, b"new", partition=1)
+    later.flush(10)
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7"]  # held back
+
+    survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"killed-{tag}.outbox.instance-i1",
+                           marks_topic=marks, shards=2)
+    assert survivor.take_over(1) == 7  # batch 8 never committed
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7", b"new"]  # 8 aborted

@@ -3,13 +3,14 @@
 Crash safety by construction (docs/reliability.md, "Crash safety"). Outputs are not sent
 when a handler makes them: they are staged in the current *batch*. A batch is sealed,
 the tables' changelog is flushed (so every state change of the batch is durable), and
-then the batch's outputs and a commit marker naming the batch go out in one Kafka
-transaction. Every table record carries the outputs it caused that are not yet known to
-be committed (`pending_for`, written by the service with the record), so after a crash
-recovery re-sends exactly the outputs of batches whose marker never committed
-(`replay`). Consumers read committed data only (librdkafka's default), so an aborted or
-half-sent batch is never seen. Input offsets are committed only after every batch made
-from them has committed (app.py), so no input is lost either.
+then a commit marker naming the batch (written first, so a takeover sees any batch left
+open) and the batch's outputs go out in one Kafka transaction. Every table record
+carries the outputs it caused that are not yet known to be committed (`pending_for`,
+written by the service with the record), so after a crash recovery re-sends exactly the
+outputs of batches whose marker never committed (`replay`). Consumers read committed
+data only (librdkafka's default), so an aborted or half-sent batch is never seen. Input
+offsets are committed only after every batch made from them has committed (app.py), so
+no input is lost either.
 
 Ticks are clock pulses, not state: they go through a plain producer (`send_internal`).
 """
@@ -316,11 +317,18 @@ class KafkaOutbox(BatchedOutbox):
         p: object = self._producer
         try:
             p.begin_transaction()  # type: ignore[attr-defined]
-            for topic, key, value, partition, headers in batch:
-                self._produce(p, topic, key, value, partition, headers)
+            # the mark first, and on the broker before any output: a process killed
+            # mid-batch then always leaves its transaction open on the marks partition,
+            # where a takeover looks for it (`take_over`). Produced together, librdkafka
+            # may write an output first, and a kill between the two held that output's
+            # partition for TXN_TIMEOUT_MS with nothing on the marks to say so.
             mark = OutboxMark(seq=seq, writer=self._txn_id).to_bytes()
             for shard in sorted(self.mark_partitions):
                 self._produce(p, self.marks_topic, MARK_KEY, mark, shard)
+            if self.mark_partitions and p.flush(30.0):  # type: ignore[attr-defined]
+                raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "writing the mark"))
+            for topic, key, value, partition, headers in batch:
+                self._produce(p, topic, key, value, partition, headers)
             while True:
                 try:
                     p.commit_transaction(30.0)  # type: ignore[attr-defined]
