@@ -114,3 +114,76 @@ def test_walks_are_spaced_by_their_own_cost() -> None:
         assert len(actions_per_node(f, a)[0]) == 1
 
     asyncio.run(run())
+
+
+def test_the_incremental_walk_follows_every_change_aiokafka_makes() -> None:
+    """Between walks partitions are seeked, consumed, reset, paused and resumed through
+    aiokafka's own methods, records are buffered and drained, fetches go in flight and
+    answer, leaders move (a metadata refresh) and the assignment is replaced; after each
+    change both walks, on the same fetcher, decide the same (seeded, 3,000 steps)."""
+    import random
+
+    async def run() -> None:
+        rng = random.Random(11)
+        tps = [TopicPartition(f"t{i % 30}", i // 30) for i in range(240)]
+
+        def leaders() -> dict[TopicPartition, int]:
+            return {tp: rng.choice((1, 1, 2, 3)) for tp in tps if rng.random() > 0.02}
+
+        a = Assignment(tps[:200])
+        for i, tp in enumerate(a.tps):
+            a.state_value(tp).seek(i)
+        f = _fetcher(_Cluster(leaders()), set())
+        assert install(f)
+        kinds = [0] * 10
+        for _step in range(3000):
+            assigned = sorted(a.tps)
+            tp = rng.choice(assigned)
+            st = a.state_value(tp)
+            kind = rng.randrange(10)
+            kinds[kind] += 1
+            if kind == 0:
+                st.seek(rng.randrange(10_000))
+            elif kind == 1 and st.has_valid_position:
+                st.consumed_to(st.position + rng.randrange(1, 50))
+            elif kind == 2:
+                st.await_reset(rng.choice((0, 1)))
+            elif kind == 3 and st.awaiting_reset:
+                st.reset_to(rng.randrange(10_000))
+            elif kind == 4:
+                (st.resume if st.paused else st.pause)()
+            elif kind == 5 and tp not in f._records:
+                f._records[tp] = FetchResult(tp, partition_records=None, assignment=a,
+                                             backoff=rng.choice((0.0, 0.5)))
+            elif kind == 6 and f._records:
+                drained, how = next(iter(f._records)), rng.randrange(3)
+                if how == 0:
+                    f._records.pop(drained)
+                elif how == 1:
+                    del f._records[drained]
+                else:
+                    f._records.clear()
+            elif kind == 7:
+                f._in_flight ^= {rng.choice((1, 2, 3))}
+            elif kind == 8 and rng.random() < 0.1:  # a metadata refresh moves leaders
+                f._client.cluster = _Cluster(leaders())
+            elif kind == 9 and rng.random() < 0.05:  # a rebalance: a new assignment
+                a = Assignment(rng.sample(tps, 180))
+                for t in a.tps:
+                    a.state_value(t).seek(rng.randrange(10_000))
+                f._records.clear()
+            f._triage_next_walk = 0.0  # no spacing: walk after every change
+            mine, theirs = actions_per_node(f, a), Fetcher._get_actions_per_node(f, a)
+            m, t = _norm(mine), _norm(theirs)
+            assert m[:2] + m[3:] == t[:2] + t[3:], (_step, kind, tp)
+            assert abs(m[2] - t[2]) < 0.05  # a backoff, read a moment apart
+            assert {id(fut) for fut in mine[4]} == {id(fut) for fut in theirs[4]}
+            assert [dict(r.wanted) for _, r in mine[0]] == [  # offsets, not only partitions
+                {TopicPartition(t, p): o for t, ps in r.topics for p, o, _ in ps}
+                for _, r in sorted(theirs[0], key=lambda nr: [n for n, _ in mine[0]].index(nr[0]))]
+            for st in a._tp_state.values():  # a paused partition's future, as aiokafka's
+                if st.paused:
+                    assert st.resume_fut is not None and not st.resume_fut.done()
+        assert min(kinds) > 100  # every kind of change was drawn
+
+    asyncio.run(run())

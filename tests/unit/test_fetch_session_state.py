@@ -57,6 +57,12 @@ def test_the_first_fetch_is_full_and_later_ones_name_only_what_changed() -> None
     offsets[TP("t7", 0)] = 30  # consumed: back, at its new offset
     fourth = s.request(_base(offsets))
     assert _named(fourth) == {("t7", 0, 30)}
+    _answer(s, fourth)
+    del offsets[TP("t9", 0)]  # one leaves as another joins: as many wanted as held
+    offsets[TP("u1", 0)] = 5
+    fifth = s.request(_base(offsets))
+    assert _named(fifth) == {("u1", 0, 5)}
+    assert fifth.build(FetchRequest_v11).forgotten_topics_data == [("t9", [0])]
 
 
 def test_an_error_or_a_lost_answer_starts_over_with_a_full_fetch() -> None:

@@ -1,83 +1,212 @@
-"""A faster walk of the assignment for aiokafka's fetcher loop.
+"""An incremental walk of the assignment for aiokafka's fetcher loop.
 
 aiokafka's `Fetcher._get_actions_per_node` runs each time its fetch loop wakes (a fetch
 answered, a partition's buffer consumed, a prefetch backoff ended) and walks every
-assigned partition through properties and method calls: ~3 ms for the admission app's
-~1,000 partitions at 1,000 tenants, 50-120 times a second, a fifth of the process's
-time (counted with a temporary wrapper in a 1,000-tenant bench run; docs/architecture.md,
-"Incremental fetch sessions"). This is the same decision, partition for partition, with
-the per-partition work cut to dictionary reads of the state aiokafka 0.14 keeps: still
-O(partitions) per wake, at a smaller constant, and each broker's fetch comes out as a map
-of partition -> offset (`PlannedFetch`) that the fetch session diffs directly. aiokafka
-shuffles each request's partitions so that a response's byte limit falls on different
-ones each time; a session's request names a few partitions, and a full one is far under
-the 50 MB limit here, so the order is left as the walk found it. Where aiokafka reads a
-follower for a partition (KIP-392 rack-aware fetching), aiokafka's own walk runs instead.
+assigned partition: ~3 ms for the admission app's ~1,000 partitions at 1,000 tenants,
+50-120 times a second (docs/architecture.md, "Incremental fetch sessions"). A first
+rewrite walked the same partitions at a smaller constant (dictionary reads of aiokafka
+0.14's state); at 1,000 tenants it still took 43% of the consumer thread's CPU, about
+16% of the process's (docs/architecture.md, "An incremental walk").
+
+This one keeps each partition's place (fetchable at an offset, awaiting a reset,
+paused, buffered, or without a leader) between walks and re-places only the partitions
+whose state changed since the last one. Every change aiokafka makes goes through a few
+methods of `TopicPartitionState` (seek, consumed_to, reset_to, await_reset, pause,
+resume) and through the fetcher's `_records` dict (records buffered, drained, dropped):
+both are wrapped to mark the partition. A new assignment or a metadata refresh (aiokafka
+replaces the cluster's partition map) starts a full walk. Each broker's fetch comes out
+as a map of partition -> offset (`PlannedFetch`) that the fetch session diffs directly.
+Where aiokafka reads a follower for a partition (KIP-392 rack-aware fetching),
+aiokafka's own walk runs instead.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from typing import Any, Final
+
+from aiokafka.consumer.subscription_state import TopicPartitionState
 
 from triage.streams.fetch_sessions import PlannedFetch
 
-# A walk waits this many times the last walk's CPU time after it (a walk of 1,000
-# partitions: ~0.2 ms, so the next may start ~2 ms later; of 20: ~10 µs, 0.1 ms later),
-# and never more than MAX_WALK_SPACING_S. CPU time, not wall time: a walk preempted for
-# the GIL's 5 ms switch interval would otherwise hold the next one back 50 ms.
+# A walk waits this many times the last walk's CPU time after it, and never more than
+# MAX_WALK_SPACING_S. CPU time, not wall time: a walk preempted for the GIL's 5 ms switch
+# interval would otherwise hold the next one back 50 ms. (A full walk of 1,000
+# partitions takes ~0.2 ms; an incremental one a few µs.)
 WALK_SPACING: Final = 10.0
 MAX_WALK_SPACING_S: Final = 0.005
+
+# where a partition stands between walks
+FETCH: Final = 0
+RESET: Final = 1
+PAUSED: Final = 2
+BUFFERED: Final = 3
+NO_LEADER: Final = 4
+
+_STATE_CHANGES: Final = ("seek", "consumed_to", "reset_to", "await_reset", "pause", "resume")
+
+
+def _mark_state_changes() -> None:
+    """Once per process: a partition state whose walk mark is set (`_triage_mark`: the
+    walk's set of changed partitions, and its partition) adds itself to that set on every
+    change of position, reset or pause."""
+    cls: Any = TopicPartitionState
+    if getattr(cls, "_triage_marks", False):
+        return
+    for name in _STATE_CHANGES:
+        def marked(self: Any, *args: Any, _change: Any = getattr(cls, name)) -> Any:
+            try:
+                return _change(self, *args)
+            finally:
+                mark = self.__dict__.get("_triage_mark")
+                if mark is not None:
+                    mark[0].add(mark[1])
+        setattr(cls, name, marked)
+    cls._triage_marks = True
+
+
+class TrackedRecords(OrderedDict):  # type: ignore[type-arg]
+    """The fetcher's buffered records (`Fetcher._records`), marking each partition whose
+    entry is added or removed."""
+
+    def __init__(self, records: Any, changed: set[Any]) -> None:
+        self.changed = changed  # before the entries: adding them marks them
+        super().__init__(records)
+
+    def __setitem__(self, tp: Any, value: Any) -> None:
+        super().__setitem__(tp, value)
+        self.changed.add(tp)
+
+    def __delitem__(self, tp: Any) -> None:
+        super().__delitem__(tp)
+        self.changed.add(tp)
+
+    def pop(self, tp: Any, *default: Any) -> Any:
+        self.changed.add(tp)
+        return super().pop(tp, *default)
+
+    def popitem(self, last: bool = True) -> Any:
+        item = super().popitem(last)
+        self.changed.add(item[0])
+        return item
+
+    def clear(self) -> None:
+        self.changed.update(self.keys())
+        super().clear()
+
+
+class Walk:
+    """Where each assigned partition stood at the last walk, grouped for the next one."""
+
+    __slots__ = ("assignment", "by_topic", "changed", "fetchable", "no_leader", "paused",
+                 "resets", "where")
+
+    def __init__(self, assignment: Any, by_topic: Any) -> None:
+        self.assignment = assignment
+        self.by_topic = by_topic
+        self.changed: set[Any] = set()
+        self.where: dict[Any, tuple[int, Any]] = {}
+        self.fetchable: dict[Any, dict[Any, int]] = defaultdict(dict)
+        self.resets: dict[Any, dict[Any, None]] = defaultdict(dict)
+        self.paused: dict[Any, dict[Any, Any]] = defaultdict(dict)
+        self.no_leader: dict[Any, None] = {}
+
+    def place(self, tp: Any, state: Any, records: Any) -> None:
+        """Put `tp` where its state says (or nowhere: no longer assigned)."""
+        old = self.where.pop(tp, None)
+        if old is not None:
+            kind, node = old
+            if kind == FETCH:
+                del self.fetchable[node][tp]
+            elif kind == RESET:
+                del self.resets[node][tp]
+            elif kind == PAUSED:
+                del self.paused[node][tp]
+            elif kind == NO_LEADER:
+                del self.no_leader[tp]
+        if state is None:
+            return
+        parts = self.by_topic.get(tp.topic)
+        meta = None if parts is None else parts.get(tp.partition)
+        node = None if meta is None else meta.leader
+        if tp in records:  # buffered records not consumed yet
+            kind = BUFFERED
+        elif node is None or node == -1:
+            kind = NO_LEADER
+            self.no_leader[tp] = None
+        elif state._position is None:
+            kind = RESET
+            self.resets[node][tp] = None
+        elif state._paused:
+            kind = PAUSED
+            self.paused[node][tp] = state
+        else:
+            kind = FETCH
+            self.fetchable[node][tp] = state._position
+        self.where[tp] = (kind, node)
+
+
+def _walk_for(self: Any, assignment: Any) -> Walk:
+    """The fetcher's walk, brought up to date: re-placed where partitions changed, or
+    built again from every partition (a new assignment, a metadata refresh, first use)."""
+    by_topic = self._client.cluster._partitions  # replaced, not changed, by a refresh
+    walk: Walk | None = getattr(self, "_triage_walk", None)
+    records = self._records
+    if (walk is None or walk.assignment is not assignment or walk.by_topic is not by_topic
+            or not isinstance(records, TrackedRecords)):
+        walk = self._triage_walk = Walk(assignment, by_topic)
+        if isinstance(records, TrackedRecords):
+            records.changed = walk.changed
+        else:
+            records = self._records = TrackedRecords(records, walk.changed)
+        for tp, state in assignment._tp_state.items():
+            state._triage_mark = (walk.changed, tp)
+            walk.place(tp, state, records)
+        walk.changed.clear()
+        return walk
+    changed = walk.changed
+    if changed:
+        states = assignment._tp_state
+        for tp in changed:
+            walk.place(tp, states.get(tp), records)
+        changed.clear()
+    return walk
 
 
 def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
     """What `Fetcher._get_actions_per_node` returns: (fetch requests per node, partitions
     awaiting an offset reset per node, how long to wait, whether metadata is stale, the
-    resume futures of paused partitions). The fetch loop wakes for every partition whose
-    buffer a consumer drains; walks come at most one per WALK_SPACING x the last one's
-    duration (sooner, the loop is told to wait the rest), so that walking ~1,000
-    partitions stays under a tenth of the loop's time however often it wakes."""
+    resume futures of paused partitions). Walks come at most one per WALK_SPACING x the
+    last one's CPU time (sooner, the loop is told to wait the rest)."""
     now = time.perf_counter()
     rest = getattr(self, "_triage_next_walk", 0.0) - now
     if rest > 0.0:
         return [], {}, rest, False, []
     cpu = time.thread_time()
-    fetchable: dict[int, dict[Any, int]] = defaultdict(dict)
-    awaiting_reset: dict[int, list[Any]] = defaultdict(list)
-    backoff_by_nodes: dict[int, list[float]] = defaultdict(list)
-    resume_futures: list[Any] = []
-    invalid_metadata = False
-    records = self._records
+    walk = _walk_for(self, assignment)
     in_flight = self._in_flight
-    by_topic = self._client.cluster._partitions  # topic -> partition -> metadata
-    for tp, state in assignment._tp_state.items():
-        parts = by_topic.get(tp.topic)
-        meta = None if parts is None else parts.get(tp.partition)
-        node_id = None if meta is None else meta.leader
-        if tp in records:  # buffered records not consumed yet
-            backoff = records[tp].calculate_backoff()
+    where = walk.where
+    backoff_by_nodes: dict[Any, list[float]] = defaultdict(list)
+    for tp, record in self._records.items():
+        at = where.get(tp)
+        if at is not None:  # assigned: buffered records not consumed yet
+            backoff = record.calculate_backoff()
             if backoff:
-                backoff_by_nodes[node_id].append(backoff)  # type: ignore[index]
-        elif node_id in in_flight:
-            continue
-        elif node_id is None or node_id == -1:
-            invalid_metadata = True
-        elif state._position is None:
-            awaiting_reset[node_id].append(tp)  # the leader: no follower is read here
-        elif state._paused:
-            resume_futures.append(state._resume_fut)
-        else:
-            fetchable[node_id][tp] = state._position
-
+                backoff_by_nodes[at[1]].append(backoff)
+    awaiting_reset = {node: list(tps) for node, tps in walk.resets.items()
+                      if tps and node not in in_flight}
+    resume_futures = [state._resume_fut for node, states in walk.paused.items()
+                      if node not in in_flight for state in states.values()]
     fetch_requests = []
     max_bytes = self._max_partition_fetch_bytes
-    for node_id, wanted in fetchable.items():
-        if node_id in backoff_by_nodes or node_id in awaiting_reset:
+    for node_id, wanted in walk.fetchable.items():
+        if (not wanted or node_id in in_flight or node_id in backoff_by_nodes
+                or node_id in awaiting_reset):
             continue
         fetch_requests.append((node_id, PlannedFetch(
             self._fetch_max_wait_ms, self._fetch_min_bytes, self._fetch_max_bytes,
-            self._isolation_level, wanted, max_bytes, rack_id=self._client_rack or "",
+            self._isolation_level, dict(wanted), max_bytes, rack_id=self._client_rack or "",
         )))
     if backoff_by_nodes:
         timeout = min(map(max, backoff_by_nodes.values()))
@@ -85,7 +214,7 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
         timeout = self._fetcher_timeout
     spacing = WALK_SPACING * (time.thread_time() - cpu)
     self._triage_next_walk = time.perf_counter() + min(spacing, MAX_WALK_SPACING_S)
-    return fetch_requests, awaiting_reset, timeout, invalid_metadata, resume_futures
+    return fetch_requests, awaiting_reset, timeout, bool(walk.no_leader), resume_futures
 
 
 def _speaks_this_aiokafka(fetcher: Any) -> bool:
@@ -94,13 +223,15 @@ def _speaks_this_aiokafka(fetcher: Any) -> bool:
         "_records", "_in_flight", "_client", "_max_partition_fetch_bytes",
         "_fetch_max_wait_ms", "_fetch_min_bytes", "_fetch_max_bytes", "_isolation_level",
         "_client_rack", "_fetcher_timeout", "_preferred_read_replica",
-    )) and hasattr(fetcher._client.cluster, "_partitions")
+    )) and hasattr(fetcher._client.cluster, "_partitions") and all(
+        hasattr(TopicPartitionState, name) for name in _STATE_CHANGES)
 
 
 def install(fetcher: Any) -> bool:
-    """Use the faster walk on `fetcher` unless it reads followers (a client rack is set)
-    or is not the aiokafka this was written for."""
+    """Use the incremental walk on `fetcher` unless it reads followers (a client rack is
+    set) or is not the aiokafka this was written for."""
     if getattr(fetcher, "_client_rack", None) or not _speaks_this_aiokafka(fetcher):
         return False
+    _mark_state_changes()
     fetcher._get_actions_per_node = actions_per_node.__get__(fetcher)
     return True

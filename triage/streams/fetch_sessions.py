@@ -118,7 +118,10 @@ class FetchSession:
             parts = self.parts
             get = parts.get
             changed = {tp: v for tp, v in wanted.items() if get(tp) != v}
-            forgotten = [tp for tp in parts if tp not in wanted]
+            # what the session holds and the request no longer wants: none when every
+            # partition it holds is still wanted (counted, without a second full pass)
+            kept = len(wanted) - sum(1 for tp in changed if tp not in parts)
+            forgotten = [] if kept == len(parts) else [tp for tp in parts if tp not in wanted]
             self.incremental_fetches += 1
         return SessionFetchRequest(base, plan, self, changed, forgotten)
 
