@@ -187,3 +187,58 @@ def test_the_incremental_walk_follows_every_change_aiokafka_makes() -> None:
         assert min(kinds) > 100  # every kind of change was drawn
 
     asyncio.run(run())
+
+
+def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
+    """Faust seeks from its event loop's thread while aiokafka's fetcher walks in the
+    consumer thread (`ThreadDelegateConsumer._seek`; aiokafka's `seek_to` also drops the
+    partition's buffered records). Walks racing 100,000 such seeks raise nothing, and the
+    walk after them decides what aiokafka's does."""
+    import sys
+    import threading
+
+    async def run() -> None:
+        tps = [TopicPartition(f"t{i}", 0) for i in range(300)]
+        a = Assignment(tps)
+        for i, tp in enumerate(tps):
+            a.state_value(tp).seek(i)
+        f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
+        assert install(f)
+        actions_per_node(f, a)  # the first, full walk
+        errors: list[BaseException] = []
+        done = threading.Event()
+
+        def seeker() -> None:
+            try:
+                for n in range(100_000):
+                    tp = tps[n % len(tps)]
+                    if n % 3 == 0:
+                        f._records[tp] = FetchResult(tp, partition_records=None,
+                                                     assignment=a, backoff=0.0)
+                    a.state_value(tp).seek(n)  # as Fetcher.seek_to: position, then records
+                    f._records.pop(tp, None)
+            except BaseException as exc:  # reported below
+                errors.append(exc)
+            finally:
+                done.set()
+
+        switch = sys.getswitchinterval()
+        sys.setswitchinterval(1e-6)  # hand the GIL over as often as it will go
+        try:
+            thread = threading.Thread(target=seeker)
+            thread.start()
+            walks = 0
+            while not done.is_set() and walks < 200_000:
+                f._triage_next_walk = 0.0
+                actions_per_node(f, a)
+                walks += 1
+            thread.join(timeout=60)
+        finally:
+            sys.setswitchinterval(switch)
+        assert not errors, errors
+        assert walks > 10  # the walks ran beside the seeks
+        f._triage_next_walk = 0.0
+        mine, theirs = actions_per_node(f, a), Fetcher._get_actions_per_node(f, a)
+        assert _norm(mine) == _norm(theirs)
+
+    asyncio.run(run())

@@ -168,9 +168,11 @@ def _walk_for(self: Any, assignment: Any) -> Walk:
     changed = walk.changed
     if changed:
         states = assignment._tp_state
-        for tp in changed:
+        # popped one at a time, not iterated: Faust seeks from its event loop's thread
+        # (`ThreadDelegateConsumer._seek`), so a mark may arrive while this runs
+        while changed:
+            tp = changed.pop()
             walk.place(tp, states.get(tp), records)
-        changed.clear()
     return walk
 
 
@@ -188,7 +190,7 @@ def actions_per_node(self: Any, assignment: Any) -> tuple[Any, ...]:
     in_flight = self._in_flight
     where = walk.where
     backoff_by_nodes: dict[Any, list[float]] = defaultdict(list)
-    for tp, record in self._records.items():
+    for tp, record in list(self._records.items()):  # a seek from the other thread drops one
         at = where.get(tp)
         if at is not None:  # assigned: buffered records not consumed yet
             backoff = record.calculate_backoff()
