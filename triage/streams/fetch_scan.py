@@ -8,14 +8,16 @@ rewrite walked the same partitions at a smaller constant (dictionary reads of ai
 0.14's state); at 1,000 tenants it still took 43% of the consumer thread's CPU, about
 16% of the process's (docs/architecture.md, "An incremental walk").
 
-This one keeps each partition's place (fetchable at an offset, awaiting a reset,
-paused, buffered, or without a leader) between walks and re-places only the partitions
-whose state changed since the last one. Every change aiokafka makes goes through a few
-methods of `TopicPartitionState` (seek, consumed_to, reset_to, await_reset, pause,
-resume) and through the fetcher's `_records` dict (records buffered, drained, dropped):
-both are wrapped to mark the partition. A new assignment or a metadata refresh (aiokafka
-replaces the cluster's partition map) starts a full walk. Each broker's fetch comes out
-as a map of partition -> offset (`PlannedFetch`) that the fetch session diffs directly.
+This one keeps each partition's place (fetchable at an offset, awaiting a reset, paused,
+buffered, or without a leader) between walks and re-places only the partitions whose
+state changed since the last one. Every change aiokafka makes goes through a few methods
+of `TopicPartitionState` (seek, consumed_to, reset_to, await_reset, pause, resume) and
+through the fetcher's `_records` dict (records buffered, drained, dropped): both are
+wrapped to mark the partition. A new assignment or a metadata refresh (aiokafka replaces
+the cluster's partition map) starts a full walk. Marks may come from Faust's event-loop
+thread (it seeks there) while the walk runs in the consumer thread. Each broker's fetch
+comes out as a map of partition -> offset (`PlannedFetch`) that the fetch session diffs
+directly.
 Where aiokafka reads a follower for a partition (KIP-392 rack-aware fetching),
 aiokafka's own walk runs instead.
 """
