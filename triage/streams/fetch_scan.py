@@ -163,9 +163,8 @@ def _walk_for(self: Any, assignment: Any) -> Walk:
         else:
             records = self._records = TrackedRecords(records, walk.changed)
         for tp, state in assignment._tp_state.items():
-            state._triage_mark = (walk.changed, tp)
-            walk.place(tp, state, records)
-        walk.changed.clear()
+            state._triage_mark = (walk.changed, tp)  # marked first, then read: a change
+            walk.place(tp, state, records)  # from the other thread is placed next walk
         return walk
     changed = walk.changed
     if changed:
