@@ -192,8 +192,8 @@ def test_the_incremental_walk_follows_every_change_aiokafka_makes() -> None:
 def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
     """Faust seeks from its event loop's thread while aiokafka's fetcher walks in the
     consumer thread (`ThreadDelegateConsumer._seek`; aiokafka's `seek_to` also drops the
-    partition's buffered records). Walks racing 100,000 such seeks raise nothing, and the
-    walk after them decides what aiokafka's does."""
+    partition's buffered records). Walks racing 100,000 such seeks, every fifth a full one,
+    raise nothing, and the walk after them decides what aiokafka's does."""
     import sys
     import threading
 
@@ -230,6 +230,8 @@ def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
             walks = 0
             while not done.is_set() and walks < 200_000:
                 f._triage_next_walk = 0.0
+                if walks % 5 == 0:  # a metadata refresh: full walks race the seeks too
+                    f._client.cluster = _Cluster(dict.fromkeys(tps, 1))
                 actions_per_node(f, a)
                 walks += 1
             thread.join(timeout=60)
@@ -240,5 +242,37 @@ def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
         f._triage_next_walk = 0.0
         mine, theirs = actions_per_node(f, a), Fetcher._get_actions_per_node(f, a)
         assert _norm(mine) == _norm(theirs)
+
+    asyncio.run(run())
+
+
+def test_a_seek_that_lands_during_a_full_walk_is_placed_by_the_next() -> None:
+    """The other thread's seek can land while a full walk runs, on a partition the walk
+    has already placed: its mark must survive the walk, or the partition is fetched at
+    its old offset for good (every response then discarded by aiokafka)."""
+    import triage.streams.fetch_scan as fs
+
+    async def run() -> None:
+        tps = [TopicPartition(f"t{i}", 0) for i in range(10)]
+        a = Assignment(tps)
+        for i, tp in enumerate(tps):
+            a.state_value(tp).seek(i)
+        f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
+        assert install(f)
+        place = fs.Walk.place
+
+        def place_then_seek(self: Any, tp: Any, state: Any, records: Any) -> None:
+            place(self, tp, state, records)
+            if tp == tps[5]:  # mid-walk, the other thread seeks a partition placed before
+                a.state_value(tps[0]).seek(500)
+
+        fs.Walk.place = place_then_seek  # type: ignore[method-assign]
+        try:
+            actions_per_node(f, a)  # full (first) walk
+        finally:
+            fs.Walk.place = place  # type: ignore[method-assign]
+        f._triage_next_walk = 0.0
+        (_node, req), = actions_per_node(f, a)[0]
+        assert req.wanted[tps[0]] == 500
 
     asyncio.run(run())
