@@ -143,3 +143,19 @@ def test_tick_times_out_a_queued_request_with_a_hint() -> None:
     assert last.retry_after_ms is not None and last.retry_after_ms > 0
     rec = store.get_request("r2")
     assert rec is not None and rec.state is LiveState.DONE
+
+
+def test_gauges_sample_the_core_once_a_second_not_every_tick() -> None:
+    """Ticks come every 50 ms; the gauges (per-tenant queue depths, KV, tightening) are
+    set on the first and then once per GAUGES_EVERY_S of the clock the ticks carry."""
+    from triage.streams.service import GAUGES_EVERY_S
+
+    svc, _out, _st = _service()
+    sampled: list[float] = []
+    observe = svc._observe_gauges
+    svc._observe_gauges = lambda: (sampled.append(now), observe())[1]  # type: ignore[method-assign]
+    for i in range(41):  # 2 s of ticks
+        now = 100.0 + i * 0.05
+        svc.on_tick(now)
+    assert GAUGES_EVERY_S == 1.0
+    assert [round(t, 2) for t in sampled] == [100.0, 101.0, 102.0]
