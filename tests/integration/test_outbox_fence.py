@@ -47,6 +47,19 @@ def _committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]
         c.close()
 
 
+def _held_then_released(bootstrap: str, marks: str, work: str, survivor_id: str) -> KafkaOutbox:
+    """The survivor's own work for shard 1 lands behind the dead writer's open batch 8
+    (batch 7 committed); taking the shard over fences the writer and releases it."""
+    later = Producer({"bootstrap.servers": bootstrap})
+    later.produce(work, b"new", partition=1)
+    later.flush(10)
+    assert _committed_values(bootstrap, work, 1) == [b"w7"]  # held back
+    survivor = KafkaOutbox(bootstrap, transactional_id=survivor_id, marks_topic=marks, shards=2)
+    assert survivor.take_over(1) == 7  # the open batch 8 never committed
+    assert _committed_values(bootstrap, work, 1) == [b"w7", b"new"]  # 8 aborted
+    return survivor
+
+
 def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     kafka_bootstrap: str,
 ) -> None:
@@ -64,16 +77,8 @@ def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     zombie.produce(work, b"w8", partition=1)
     zombie.produce(marks, OutboxMark(seq=8, writer=dead_id).to_bytes(), MARK_KEY, partition=1)
     zombie.flush(10)
-    # the survivor's own work for the shard lands behind the open transaction
-    later = Producer({"bootstrap.servers": kafka_bootstrap})
-    later.produce(work, b"new", partition=1)
-    later.flush(10)
-    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7"]  # held back
-
-    survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"fence-{tag}.outbox.instance-i1",
-                           marks_topic=marks, shards=2)
-    assert survivor.take_over(1) == 7  # the open batch 8 never committed
-    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7", b"new"]  # w8 aborted
+    survivor = _held_then_released(kafka_bootstrap, marks, work,
+                                   f"fence-{tag}.outbox.instance-i1")
     # nothing open any more: a second take-over fences no one and reads the same
     assert survivor.take_over(1) == 7
     assert survivor.take_over(0) == 0  # a shard nobody wrote
@@ -136,12 +141,4 @@ def test_a_writer_killed_after_its_outputs_are_written_is_fenced_on_takeover(
     child = subprocess.run([sys.executable, "-c", _DIES_MID_BATCH, kafka_bootstrap, dead_id,
                             marks, work], capture_output=True, text=True, timeout=120)
     assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
-    later = Producer({"bootstrap.servers": kafka_bootstrap})
-    later.produce(work, b"new", partition=1)
-    later.flush(10)
-    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7"]  # held back
-
-    survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"killed-{tag}.outbox.instance-i1",
-                           marks_topic=marks, shards=2)
-    assert survivor.take_over(1) == 7  # batch 8 never committed
-    assert _committed_values(kafka_bootstrap, work, 1) == [b"w7", b"new"]  # 8 aborted
+    _held_then_released(kafka_bootstrap, marks, work, f"killed-{tag}.outbox.instance-i1")

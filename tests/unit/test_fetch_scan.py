@@ -63,6 +63,18 @@ def _norm(result: tuple[Any, ...]) -> tuple[Any, ...]:
     return fetches, resets, round(timeout, 2), invalid, len(resume)
 
 
+def _seeked(n: int) -> tuple[list[TopicPartition], Assignment, Any]:
+    """`n` partitions of one leader, each seeked to its index, and a fetcher using the
+    incremental walk (call inside a running loop: pausing makes futures)."""
+    tps = [TopicPartition(f"t{i}", 0) for i in range(n)]
+    a = Assignment(tps)
+    for i, tp in enumerate(tps):
+        a.state_value(tp).seek(i)
+    f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
+    assert install(f)
+    return tps, a, f
+
+
 def test_the_fast_walk_decides_what_aiokafkas_walk_decides() -> None:
     async def run() -> None:
         tps = [TopicPartition(f"t{i % 40}", i // 40) for i in range(400)]
@@ -198,12 +210,7 @@ def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
     import threading
 
     async def run() -> None:
-        tps = [TopicPartition(f"t{i}", 0) for i in range(300)]
-        a = Assignment(tps)
-        for i, tp in enumerate(tps):
-            a.state_value(tp).seek(i)
-        f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
-        assert install(f)
+        tps, a, f = _seeked(300)
         actions_per_node(f, a)  # the first, full walk
         errors: list[BaseException] = []
         done = threading.Event()
@@ -253,12 +260,7 @@ def test_a_seek_that_lands_during_a_full_walk_is_placed_by_the_next() -> None:
     import triage.streams.fetch_scan as fs
 
     async def run() -> None:
-        tps = [TopicPartition(f"t{i}", 0) for i in range(10)]
-        a = Assignment(tps)
-        for i, tp in enumerate(tps):
-            a.state_value(tp).seek(i)
-        f = _fetcher(_Cluster(dict.fromkeys(tps, 1)), set())
-        assert install(f)
+        tps, a, f = _seeked(10)
         place = fs.Walk.place
 
         def place_then_seek(self: Any, tp: Any, state: Any, records: Any) -> None:

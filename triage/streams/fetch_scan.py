@@ -39,13 +39,6 @@ from triage.streams.fetch_sessions import PlannedFetch
 WALK_SPACING: Final = 10.0
 MAX_WALK_SPACING_S: Final = 0.005
 
-# where a partition stands between walks
-FETCH: Final = 0
-RESET: Final = 1
-PAUSED: Final = 2
-BUFFERED: Final = 3
-NO_LEADER: Final = 4
-
 _STATE_CHANGES: Final = ("seek", "consumed_to", "reset_to", "await_reset", "pause", "resume")
 
 
@@ -99,7 +92,10 @@ class TrackedRecords(OrderedDict):  # type: ignore[type-arg]
 
 
 class Walk:
-    """Where each assigned partition stood at the last walk, grouped for the next one."""
+    """Where each assigned partition stood at the last walk, grouped for the next one:
+    fetchable (partition -> offset), awaiting a reset, paused (partition -> its state),
+    each by leader; without a leader; or buffered (in no group: its backoff is read on
+    every walk)."""
 
     __slots__ = ("assignment", "by_topic", "changed", "fetchable", "no_leader", "paused",
                  "resets", "where")
@@ -108,7 +104,8 @@ class Walk:
         self.assignment = assignment
         self.by_topic = by_topic
         self.changed: set[Any] = set()
-        self.where: dict[Any, tuple[int, Any]] = {}
+        # partition -> (the group holding it, or None when buffered; its leader)
+        self.where: dict[Any, tuple[dict[Any, Any] | None, Any]] = {}
         self.fetchable: dict[Any, dict[Any, int]] = defaultdict(dict)
         self.resets: dict[Any, dict[Any, None]] = defaultdict(dict)
         self.paused: dict[Any, dict[Any, Any]] = defaultdict(dict)
@@ -117,36 +114,28 @@ class Walk:
     def place(self, tp: Any, state: Any, records: Any) -> None:
         """Put `tp` where its state says (or nowhere: no longer assigned)."""
         old = self.where.pop(tp, None)
-        if old is not None:
-            kind, node = old
-            if kind == FETCH:
-                del self.fetchable[node][tp]
-            elif kind == RESET:
-                del self.resets[node][tp]
-            elif kind == PAUSED:
-                del self.paused[node][tp]
-            elif kind == NO_LEADER:
-                del self.no_leader[tp]
+        if old is not None and old[0] is not None:
+            del old[0][tp]
         if state is None:
             return
         parts = self.by_topic.get(tp.topic)
         meta = None if parts is None else parts.get(tp.partition)
         node = None if meta is None else meta.leader
+        group: dict[Any, Any] | None = None
+        value: Any = None
         if tp in records:  # buffered records not consumed yet
-            kind = BUFFERED
+            pass
         elif node is None or node == -1:
-            kind = NO_LEADER
-            self.no_leader[tp] = None
+            group = self.no_leader
         elif state._position is None:
-            kind = RESET
-            self.resets[node][tp] = None
+            group = self.resets[node]
         elif state._paused:
-            kind = PAUSED
-            self.paused[node][tp] = state
+            group, value = self.paused[node], state
         else:
-            kind = FETCH
-            self.fetchable[node][tp] = state._position
-        self.where[tp] = (kind, node)
+            group, value = self.fetchable[node], state._position
+        if group is not None:
+            group[tp] = value
+        self.where[tp] = (group, node)
 
 
 def _walk_for(self: Any, assignment: Any) -> Walk:
