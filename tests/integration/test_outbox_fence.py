@@ -12,10 +12,11 @@ import sys
 import uuid
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
-from triage.kafka.clients import make_admin, make_consumer
+from tests.integration._reading import read_partition
+from triage.kafka.clients import make_admin
 from triage.streams.outbox import MARK_KEY, KafkaOutbox, OutboxFencedError
 from triage.topics.messages import OutboxMark
 
@@ -29,22 +30,7 @@ def _topics(bootstrap: str, *names: str) -> None:
 def _committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]:
     """What a read_committed reader (a worker) is handed from the partition, up to its end
     (empty when an open transaction holds it back)."""
-    c = make_consumer(bootstrap, f"{topic}.reader", **{"enable.partition.eof": True})
-    out: list[bytes] = []
-    try:
-        c.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
-        for _ in range(20):
-            msg = c.poll(1.0)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None and err.code() == KafkaError._PARTITION_EOF:
-                break
-            if err is None:
-                out.append(msg.value() or b"")
-        return out
-    finally:
-        c.close()
+    return [m.value() or b"" for m in read_partition(bootstrap, topic, partition)]
 
 
 def _held_then_released(bootstrap: str, marks: str, work: str, survivor_id: str) -> KafkaOutbox:

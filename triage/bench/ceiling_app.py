@@ -26,6 +26,7 @@ import faust
 
 from triage.config.models import TriageConfig
 from triage.kafka.security import use_kafka_security
+from triage.streams.changelog import ChangelogProducer
 from triage.streams.committer import Committer, commit_continuously
 from triage.streams.engine import RAW_TOPIC, faust_app, install_patches, raw_table, start_outbox
 from triage.streams.health import Health
@@ -96,8 +97,9 @@ def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
     app = faust_app(config, app_id, datadir=datadir)
     inputs = app.topic(topics.inputs, **RAW_TOPIC)
     work = app.topic(topics.work, **RAW_TOPIC)
-    table = None if kind is CeilingKind.RELAY else raw_table(app, "records")
-    committer = Committer(app, outbox, Health())
+    changelog = ChangelogProducer(config.kafka.bootstrap_servers)
+    table = None if kind is CeilingKind.RELAY else raw_table(app, "records", changelog)
+    committer = Committer(app, outbox, Health(), changelog)
     ready = [False]
 
     @app.on_rebalance_complete.connect

@@ -35,6 +35,7 @@ from triage.config.checks import runnable_problem
 from triage.config.models import TriageConfig
 from triage.kafka.security import use_kafka_security
 from triage.streams import faust_fixes
+from triage.streams.changelog import ChangelogProducer
 from triage.streams.committer import Committer, commit_continuously, exit_as_zombie
 from triage.streams.discovery import (
     new_request_topics,
@@ -150,15 +151,16 @@ def build_app(
 
     # --- tables (one changelog partition per shard; see raw_table) -------------------
     parts = k.admission_partitions
+    changelog = ChangelogProducer(k.bootstrap_servers)
 
     def table(name: str) -> Any:
-        return StrKeys(raw_table(app, name, parts))
+        return StrKeys(raw_table(app, name, changelog, parts))
 
     metrics = AdmissionMetrics()
     shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
                              tables=(table(REQUESTS), table(BUCKETS), table(LEARNED)))
     health = Health()
-    committer = Committer(app, outbox, health)
+    committer = Committer(app, outbox, health, changelog)
     gaps = GapGuard()
 
     async def still_member() -> bool:

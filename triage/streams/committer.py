@@ -12,6 +12,7 @@ from typing import NoReturn
 
 import faust
 
+from triage.streams.changelog import ChangelogLostError, ChangelogProducer
 from triage.streams.health import Health
 from triage.streams.outbox import KafkaOutbox, OutboxFencedError, OutboxStoppedError
 
@@ -42,10 +43,12 @@ class Committer:
     before it commits input offsets; the wrapper installed here commits every batch
     staged until then first, so offsets never pass an input whose outputs are not out."""
 
-    def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health) -> None:
+    def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health,
+                 changelog: ChangelogProducer | None = None) -> None:
         self.app = app
         self.outbox = outbox
         self.health = health
+        self.changelog = changelog  # the tables' changelog writer (changelog.py)
         self.lock = asyncio.Lock()
         self._faust_flush: Callable[[], Awaitable[None]] | None = None
         self.last_commit_s = 0.0  # how long the last batch's transaction took
@@ -72,6 +75,9 @@ class Committer:
         target = outbox.seq
         async with self.lock:
             if outbox.confirmed >= target:
+                # no outputs since the last batch, but table writes without outputs (a
+                # bucket, the predictor) must be durable before Faust commits offsets
+                await self._flush_changelog()
                 return
             if outbox.sealed >= target:  # sealed by a drain that failed
                 raise OutboxStoppedError(f"batch {target} was not committed")
@@ -92,19 +98,33 @@ class Committer:
                 self.health.publishing_since = None
 
     async def _flush_changelog(self) -> None:
-        """Faust's own flush, retried through broker outages (outbox.stop() ends it)."""
+        """Faust's own flush and the tables' changelog writer's, retried through broker
+        outages (outbox.stop() ends it)."""
         assert self._faust_flush is not None
         attempt = 0
         while True:
             try:
                 await self._faust_flush()
+                if self.changelog is not None:
+                    await self._flush_tables(self.changelog)
                 return
+            except ChangelogLostError as exc:
+                exit_as_zombie(f"a table write is not in its changelog ({exc})")
             except Exception as exc:
                 if self.outbox.stopping:
                     raise OutboxStoppedError("changelog flush") from exc
                 attempt += 1
                 log.warning("changelog flush failed (%s); retrying", exc)
                 await asyncio.sleep(min(2.0, 0.1 * attempt))
+
+
+    async def _flush_tables(self, changelog: ChangelogProducer) -> None:
+        if changelog.pending():
+            while not await asyncio.to_thread(changelog.flush, 1.0):
+                if self.outbox.stopping:
+                    raise OutboxStoppedError("changelog flush")
+                log.warning("changelog writes not delivered within 1 s; still trying")
+        changelog.persist_offsets()
 
 
 EXIT_FENCED = 75  # EX_TEMPFAIL: restart me (docs/reliability.md, "A frozen owner")

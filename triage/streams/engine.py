@@ -14,6 +14,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from triage.config.models import TriageConfig
 from triage.kafka.security import faust_credentials
 from triage.streams import faust_fixes, fetch_scan, fetch_sessions
+from triage.streams.changelog import ChangelogProducer
 from triage.streams.outbox import KafkaOutbox
 from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.names import TopicKind
@@ -135,14 +136,16 @@ def instance_suffix(config: TriageConfig) -> str:
     return "" if name == "0" else f"-{name}"
 
 
-def raw_table(app: faust.App, name: str, partitions: int = 1) -> Any:
-    """A table of raw bytes. One partition: keyed by its own partitioner (every write
-    lands on partition 0). Sharded: each write goes to the partition of the event being
-    handled, so a shard's state lives on its own partition (writes happen in events only:
-    the clock ticks through Kafka)."""
+def raw_table(app: faust.App, name: str, changelog: ChangelogProducer, partitions: int = 1,
+              ) -> Any:
+    """A table of raw bytes whose changelog `changelog` writes. One partition: keyed by
+    its own partitioner (every write lands on partition 0). Sharded: each write goes to
+    the partition of the event being handled, so a shard's state lives on its own
+    partition (writes happen in events only: the clock ticks through Kafka)."""
     t: Any = app.Table(name, default=None, partitions=partitions,
                        use_partitioner=partitions == 1, key_type=bytes, value_type=bytes)
     # Faust derives serializers from the types ("json" for bytes); ours are raw bytes.
     t.key_serializer = "raw"
     t.value_serializer = "raw"
+    changelog.attach(t)
     return t

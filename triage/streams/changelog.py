@@ -1,0 +1,133 @@
+"""Faust tables' changelog writes through confluent-kafka instead of Faust's aiokafka
+producer.
+
+Every table write is a changelog record. Through Faust it is a `send_soon` on aiokafka's
+producer: a future, a callback and the produce request's encoding and socket writes, all
+in Python on the event loop's thread, which is the app's bottleneck (~15-20% of its
+samples at 3 writes per request; docs/architecture.md, "The changelog through
+librdkafka"). Here a write is one `produce()` call; librdkafka batches, encodes and sends
+on its own threads, outside the GIL.
+
+What stays Faust's: the tables, their RocksDB stores, recovery and standby replicas
+(which read the changelog topics, whoever wrote them) and the partition a write goes to
+(`partition_for_key`: the event's partition when sharded). What moves here: the send,
+and the bookkeeping Faust did in its delivery callback (the persisted offset per
+changelog partition, so a restart reads only the changelog's tail), now done once per
+flush with the highest offset delivered.
+
+Durability is unchanged: the committer flushes this producer before each batch's
+outputs are committed and before Faust commits input offsets (committer.py), as it
+flushed Faust's producer before. A write librdkafka could not deliver (its message
+timeout passed) would leave RocksDB ahead of the changelog, so `flush` raises and the
+process exits rather than commit past it: restarted, it rebuilds from the changelog and
+reads the inputs again (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+from faust.types import TP
+
+from triage.kafka.clients import make_producer
+
+log = logging.getLogger(__name__)
+
+# A broker outage must not fail a write: librdkafka retries it this long (as workers do)
+MESSAGE_TIMEOUT_MS = 600_000
+
+
+class ChangelogLostError(RuntimeError):
+    """A changelog record was not delivered: RocksDB holds a write the changelog lacks."""
+
+
+class ChangelogProducer:
+    """The changelog writer of one process's tables (attach each table once)."""
+
+    def __init__(self, bootstrap: str, message_timeout_ms: int = MESSAGE_TIMEOUT_MS) -> None:
+        self._producer: Producer = make_producer(bootstrap, **{
+            "linger.ms": 5, "message.timeout.ms": message_timeout_ms})
+        self._stores: dict[str, Any] = {}  # changelog topic -> the table's store
+        self._lock = threading.Lock()
+        self._delivered: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset
+        self._lost: list[str] = []
+
+    def attach(self, table: Any) -> None:
+        """Route `table`'s changelog writes here (replaces its on_key_set/on_key_del)."""
+        topic = table.changelog_topic.get_topic_name()
+        self._stores[topic] = table
+        produce = self._produce
+
+        def on_key_set(key: Any, value: Any) -> None:
+            partition = produce(topic, table.partition_for_key(key), key, value)
+            table._maybe_set_key_ttl(key, partition)
+            table._sensor_on_set(table, key, value)
+
+        def on_key_del(key: Any) -> None:
+            partition = produce(topic, table.partition_for_key(key), key, None)
+            table._maybe_del_key_ttl(key, partition)
+            table._sensor_on_del(table, key)
+
+        table.on_key_set = on_key_set
+        table.on_key_del = on_key_del
+
+    def _produce(self, topic: str, partition: int | None, key: bytes, value: bytes | None,
+                 ) -> int:
+        # One partition per table unless sharded (then the event's own): Faust's
+        # partitioner is only ever asked for partition 0 of a one-partition table.
+        part = 0 if partition is None else partition
+        while True:
+            try:
+                self._producer.produce(topic, value, key, partition=part,
+                                       on_delivery=self._on_delivery)
+                return part
+            except BufferError:  # librdkafka's queue is full (a long broker outage)
+                self._producer.poll(0.1)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        topic, partition = msg.topic(), msg.partition()
+        if err is not None:
+            with self._lock:
+                self._lost.append(f"{topic}[{partition}]: {err}")
+            return
+        offset = msg.offset()
+        key = (str(topic), int(partition or 0))
+        with self._lock:
+            if offset is not None and offset > self._delivered.get(key, -1):
+                self._delivered[key] = offset
+
+    def pending(self) -> int:
+        """Writes not yet delivered."""
+        return len(self._producer)
+
+    def flush(self, timeout_s: float) -> bool:
+        """Deliver every write made so far (blocking: run it off the event loop). True
+        when all were delivered; False when `timeout_s` passed first (retry). Raises
+        ChangelogLostError when librdkafka gave one up."""
+        deadline = time.monotonic() + timeout_s
+        left = self._producer.flush(timeout_s)
+        while left and time.monotonic() < deadline:
+            left = self._producer.flush(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            lost = self._lost[:]
+        if lost:
+            raise ChangelogLostError(f"{len(lost)} changelog write(s) not delivered: {lost[0]}")
+        return left == 0
+
+    def persist_offsets(self) -> None:
+        """Record in each table's RocksDB the highest changelog offset delivered per
+        partition since the last call (what Faust's own delivery callback did per write).
+        Call on the event loop's thread: Faust's stores are not shared across threads."""
+        with self._lock:
+            delivered, self._delivered = self._delivered, {}
+        for (topic, partition), offset in delivered.items():
+            table = self._stores.get(topic)
+            if table is not None:
+                table.data.set_persisted_offset(TP(topic, partition), offset)
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        self._producer.flush(timeout_s)
