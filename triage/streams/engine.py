@@ -13,7 +13,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from triage.config.models import TriageConfig
 from triage.kafka.security import faust_credentials
-from triage.streams import faust_fixes, fetch_scan, fetch_sessions
+from triage.streams import faust_fixes, fetch_scan, fetch_sessions, per_partition
 from triage.streams.changelog import ChangelogProducer
 from triage.streams.outbox import KafkaOutbox
 from triage.topics.admin import TopicSpec, ensure_topics
@@ -71,6 +71,7 @@ def freeze_heap() -> None:
 def install_patches(fresh_pattern: str) -> None:
     """The process-wide Faust fixes every app of ours runs with (idempotent)."""
     _short_fetch_waits()
+    per_partition.install()
     faust_fixes.commit_against_one_assignment()  # before the wrapper below, which calls it
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)

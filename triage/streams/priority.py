@@ -26,12 +26,13 @@ def serve_control_partitions_first(request_pattern: str) -> None:
         return
     fetch = cls._fetch_records
     requests = re.compile(request_pattern)
+    split = ControlPartitions(requests)
 
     async def _fetch_records(self: Any, consumer: Any, active_partitions: Any,
                              timeout: float | None = None,
                              max_records: int | None = None) -> Any:
         if active_partitions:
-            control = {tp for tp in active_partitions if not requests.match(tp.topic)}
+            control = split.of(consumer, active_partitions)
             if control and len(control) < len(active_partitions):
                 records = await fetch(self, consumer, control, timeout=0,
                                       max_records=max_records)
@@ -39,12 +40,37 @@ def serve_control_partitions_first(request_pattern: str) -> None:
                     taken = sum(len(r) for r in records.values())
                     left = None if max_records is None else max_records - taken
                     if left is None or left > 0:
-                        rest = set(active_partitions) - control
-                        records.update(await fetch(self, consumer, rest, timeout=0,
-                                                   max_records=left))
+                        # all of them: the control ones were just drained, and building
+                        # the request partitions alone costs a pass over 1,000 tenants
+                        records.update(await fetch(self, consumer, active_partitions,
+                                                   timeout=0, max_records=left))
                     return records
         return await fetch(self, consumer, active_partitions, timeout=timeout,
                            max_records=max_records)
 
     cls._fetch_records = _fetch_records
     cls._triage_priority = True
+
+
+class ControlPartitions:
+    """The control partitions among a fetch's active ones, without a pass over them: the
+    assigned control partitions are found once per assignment (aiokafka replaces its
+    Assignment object on every rebalance), and a fetch takes their intersection with its
+    active set, which Python computes over the smaller of the two. A regular-expression
+    match per active partition was ~0.3 ms per fetch at 1,000 tenants."""
+
+    def __init__(self, requests: re.Pattern[str]) -> None:
+        self._requests = requests
+        self._assignment: Any = None
+        self._control: frozenset[Any] = frozenset()
+
+    def of(self, consumer: Any, active: Any) -> set[Any]:
+        assignment = consumer._subscription.subscription
+        assignment = None if assignment is None else assignment.assignment
+        if assignment is None:  # between assignments: decide per partition
+            return {tp for tp in active if not self._requests.match(tp.topic)}
+        if assignment is not self._assignment:
+            self._assignment = assignment
+            self._control = frozenset(tp for tp in assignment.tps
+                                      if not self._requests.match(tp.topic))
+        return active & self._control  # type: ignore[no-any-return]
