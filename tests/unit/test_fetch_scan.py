@@ -214,10 +214,15 @@ def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
         actions_per_node(f, a)  # the first, full walk
         errors: list[BaseException] = []
         done = threading.Event()
+        walked = [0]  # walks so far, read by the seeker
 
         def seeker() -> None:
             try:
-                for n in range(100_000):
+                # at least 100,000 seeks, and on until 20 walks ran beside them (a loaded
+                # machine can hand the seeker the GIL for a whole 100,000)
+                for n in range(2_000_000):
+                    if n >= 100_000 and walked[0] > 20:
+                        break
                     tp = tps[n % len(tps)]
                     if n % 3 == 0:
                         f._records[tp] = FetchResult(tp, partition_records=None,
@@ -241,11 +246,12 @@ def test_seeks_from_another_thread_while_the_fetcher_walks() -> None:
                     f._client.cluster = _Cluster(dict.fromkeys(tps, 1))
                 actions_per_node(f, a)
                 walks += 1
+                walked[0] = walks
             thread.join(timeout=60)
         finally:
             sys.setswitchinterval(switch)
         assert not errors, errors
-        assert walks > 10  # the walks ran beside the seeks
+        assert walks > 20  # the walks ran beside the seeks
         f._triage_next_walk = 0.0
         mine, theirs = actions_per_node(f, a), Fetcher._get_actions_per_node(f, a)
         assert _norm(mine) == _norm(theirs)
