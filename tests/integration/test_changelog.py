@@ -41,8 +41,7 @@ def test_writes_reach_the_changelog_in_order_and_the_last_offset_is_persisted(
     kafka_bootstrap: str, tmp_path: Path,
 ) -> None:
     changelog = ChangelogProducer(kafka_bootstrap)
-    table, topic = _table(tmp_path, kafka_bootstrap, changelog)
-    t = table
+    t, topic = _table(tmp_path, kafka_bootstrap, changelog)
     t.on_key_set(b"a", b"1")
     t.on_key_set(b"b", b"2")
     t.on_key_set(b"a", b"3")
@@ -67,9 +66,8 @@ def test_a_write_librdkafka_gives_up_is_an_error(tmp_path: Path, kafka_bootstrap
     # a port nothing listens on: the write can never be delivered
     dead = ChangelogProducer("127.0.0.1:9", message_timeout_ms=1_000)
     changelog = ChangelogProducer(kafka_bootstrap)
-    table, _topic = _table(tmp_path, kafka_bootstrap, changelog)
-    dead.attach(table)
-    t = table
+    t, _topic = _table(tmp_path, kafka_bootstrap, changelog)
+    dead.attach(t)
     t.on_key_set(b"a", b"1")
     with pytest.raises(ChangelogLostError, match="not delivered"):
         for _ in range(10):  # the message times out after 1 s

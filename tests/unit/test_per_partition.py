@@ -9,11 +9,13 @@ import re
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from faust.transport import consumer as faust_consumer
+from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.types import TP
 
 from triage.streams import per_partition
-from triage.streams.priority import ControlPartitions
+from triage.streams.priority import ControlPartitions, serve_control_partitions_first
 
 REQUESTS = re.compile(r"^p\.requests\..+$")
 
@@ -93,3 +95,28 @@ def test_the_active_set_is_built_once_and_handed_back_as_is() -> None:
     first = get(c)  # type: ignore[arg-type]
     assert first == tps and len(built) == 1
     assert get(c) is first and len(built) == 1  # type: ignore[arg-type]
+
+
+def test_records_a_control_partition_gets_between_the_two_fetches_are_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The request partitions' fetch names every active partition (no pass to leave the
+    control ones out): what it returns for a control partition is added to what the first
+    fetch took, never put in its place."""
+    cls = faust_aiokafka.AIOKafkaConsumerThread
+    control, request = TP("p.completions", 0), TP("p.requests.t1", 0)
+    batches = [{control: ["c1", "c2"]}, {control: ["c3"], request: ["r1"]}]
+    asked: list[set[TP]] = []
+
+    async def fetch(self: Any, consumer: Any, active: Any, timeout: Any = None,
+                    max_records: Any = None) -> Any:
+        asked.append(set(active))
+        return batches.pop(0)
+
+    monkeypatch.setattr(cls, "_fetch_records", fetch)
+    monkeypatch.setattr(cls, "_triage_priority", False, raising=False)  # restored after
+    serve_control_partitions_first(REQUESTS.pattern)
+    got = asyncio.run(cls._fetch_records(None, _consumer([control, request]),
+                                         {control, request}, timeout=1.0, max_records=10))
+    assert got == {control: ["c1", "c2", "c3"], request: ["r1"]}
+    assert asked == [{control}, {control, request}]

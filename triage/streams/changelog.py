@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -51,7 +50,7 @@ class ChangelogProducer:
     def __init__(self, bootstrap: str, message_timeout_ms: int = MESSAGE_TIMEOUT_MS) -> None:
         self._producer: Producer = make_producer(bootstrap, **{
             "linger.ms": 5, "message.timeout.ms": message_timeout_ms})
-        self._stores: dict[str, Any] = {}  # changelog topic -> the table's store
+        self._tables: dict[str, Any] = {}  # changelog topic -> its table
         self._lock = threading.Lock()
         self._delivered: dict[tuple[str, int], int] = {}  # (topic, partition) -> offset
         self._lost: list[str] = []
@@ -59,7 +58,7 @@ class ChangelogProducer:
     def attach(self, table: Any) -> None:
         """Route `table`'s changelog writes here (replaces its on_key_set/on_key_del)."""
         topic = table.changelog_topic.get_topic_name()
-        self._stores[topic] = table
+        self._tables[topic] = table
         produce = self._produce
 
         def on_key_set(key: Any, value: Any) -> None:
@@ -108,10 +107,7 @@ class ChangelogProducer:
         """Deliver every write made so far (blocking: run it off the event loop). True
         when all were delivered; False when `timeout_s` passed first (retry). Raises
         ChangelogLostError when librdkafka gave one up."""
-        deadline = time.monotonic() + timeout_s
-        left = self._producer.flush(timeout_s)
-        while left and time.monotonic() < deadline:
-            left = self._producer.flush(max(0.0, deadline - time.monotonic()))
+        left = self._producer.flush(timeout_s)  # returns when empty or timed out
         with self._lock:
             lost = self._lost[:]
         if lost:
@@ -125,9 +121,6 @@ class ChangelogProducer:
         with self._lock:
             delivered, self._delivered = self._delivered, {}
         for (topic, partition), offset in delivered.items():
-            table = self._stores.get(topic)
+            table = self._tables.get(topic)
             if table is not None:
                 table.data.set_persisted_offset(TP(topic, partition), offset)
-
-    def close(self, timeout_s: float = 5.0) -> None:
-        self._producer.flush(timeout_s)

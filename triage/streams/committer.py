@@ -44,7 +44,7 @@ class Committer:
     staged until then first, so offsets never pass an input whose outputs are not out."""
 
     def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health,
-                 changelog: ChangelogProducer | None = None) -> None:
+                 changelog: ChangelogProducer) -> None:
         self.app = app
         self.outbox = outbox
         self.health = health
@@ -105,8 +105,7 @@ class Committer:
         while True:
             try:
                 await self._faust_flush()
-                if self.changelog is not None:
-                    await self._flush_tables(self.changelog)
+                await self._flush_tables()
                 return
             except ChangelogLostError as exc:
                 exit_as_zombie(f"a table write is not in its changelog ({exc})")
@@ -117,8 +116,8 @@ class Committer:
                 log.warning("changelog flush failed (%s); retrying", exc)
                 await asyncio.sleep(min(2.0, 0.1 * attempt))
 
-
-    async def _flush_tables(self, changelog: ChangelogProducer) -> None:
+    async def _flush_tables(self) -> None:
+        changelog = self.changelog
         if changelog.pending():
             while not await asyncio.to_thread(changelog.flush, 1.0):
                 if self.outbox.stopping:

@@ -41,9 +41,13 @@ def serve_control_partitions_first(request_pattern: str) -> None:
                     left = None if max_records is None else max_records - taken
                     if left is None or left > 0:
                         # all of them: the control ones were just drained, and building
-                        # the request partitions alone costs a pass over 1,000 tenants
-                        records.update(await fetch(self, consumer, active_partitions,
-                                                   timeout=0, max_records=left))
+                        # the request partitions alone costs a pass over 1,000 tenants.
+                        # Appended, not replaced: a control partition that got records
+                        # in between keeps the ones taken first.
+                        more = await fetch(self, consumer, active_partitions, timeout=0,
+                                           max_records=left)
+                        for tp, recs in more.items():
+                            records.setdefault(tp, []).extend(recs)
                     return records
         return await fetch(self, consumer, active_partitions, timeout=timeout,
                            max_records=max_records)
