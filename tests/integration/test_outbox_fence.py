@@ -6,18 +6,16 @@ of its new work for the whole test."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import uuid
 
 import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
 
+from tests.integration._dying_outbox import run_until_killed
 from tests.integration._reading import read_partition
 from triage.kafka.clients import make_admin
-from triage.streams.outbox import MARK_KEY, KafkaOutbox, OutboxFencedError
+from triage.streams.outbox import MARK_KEY, Committed, KafkaOutbox, OutboxFencedError
 from triage.topics.messages import OutboxMark
 
 
@@ -41,7 +39,7 @@ def _held_then_released(bootstrap: str, marks: str, work: str, survivor_id: str)
     later.flush(10)
     assert _committed_values(bootstrap, work, 1) == [b"w7"]  # held back
     survivor = KafkaOutbox(bootstrap, transactional_id=survivor_id, marks_topic=marks, shards=2)
-    assert survivor.take_over(1) == 7  # the open batch 8 never committed
+    assert survivor.take_over(1) == Committed(7, 7)  # the open batch 8 never committed
     assert _committed_values(bootstrap, work, 1) == [b"w7", b"new"]  # 8 aborted
     return survivor
 
@@ -66,8 +64,8 @@ def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     survivor = _held_then_released(kafka_bootstrap, marks, work,
                                    f"fence-{tag}.outbox.instance-i1")
     # nothing open any more: a second take-over fences no one and reads the same
-    assert survivor.take_over(1) == 7
-    assert survivor.take_over(0) == 0  # a shard nobody wrote
+    assert survivor.take_over(1) == Committed(7, 7)
+    assert survivor.take_over(0) == Committed(0, 0)  # a shard nobody wrote
 
 
 def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -> None:
@@ -91,26 +89,6 @@ def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
 
 
-_DIES_MID_BATCH = """
-import os, signal, sys
-from triage.streams.outbox import KafkaOutbox
-
-class DiesAfterOutputs(KafkaOutbox):
-    def _produce(self, p, topic, key, value, partition=-1, headers=None):
-        super()._produce(p, topic, key, value, partition, headers)
-        if value == b"last output":  # on the broker, its transaction open: kill -9
-            p.flush(30)
-            os.kill(os.getpid(), signal.SIGKILL)
-
-bootstrap, txn_id, marks, work = sys.argv[1:5]
-outbox = DiesAfterOutputs(bootstrap, transactional_id=txn_id, marks_topic=marks, shards=2)
-outbox.start()
-outbox.mark_partitions.add(1)
-outbox.publish(7, [(work, b"k", b"w7", 1, None)])
-outbox.publish(8, [(work, b"k", b"w8", 1, None), (work, b"k", b"last output", 1, None)])
-"""
-
-
 def test_a_writer_killed_after_its_outputs_are_written_is_fenced_on_takeover(
     kafka_bootstrap: str,
 ) -> None:
@@ -124,7 +102,7 @@ def test_a_writer_killed_after_its_outputs_are_written_is_fenced_on_takeover(
     marks, work = f"killed-{tag}.outbox", f"killed-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     dead_id = f"killed-{tag}.outbox.instance-i0"
-    child = subprocess.run([sys.executable, "-c", _DIES_MID_BATCH, kafka_bootstrap, dead_id,
-                            marks, work], capture_output=True, text=True, timeout=120)
-    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    run_until_killed(kafka_bootstrap, dead_id, marks, work, "",
+                     [(7, "work", "work", "w7"), (8, "work", "work", "w8,last output")],
+                     last="last output")
     _held_then_released(kafka_bootstrap, marks, work, f"killed-{tag}.outbox.instance-i1")

@@ -92,7 +92,9 @@ def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
     use_kafka_security(config.kafka)
     topics = CeilingTopics(base)
     app_id = f"{base}.app"
-    outbox = start_outbox(config, app_id)
+    # the same lanes as the app's: work items on one, what answers the client on the other
+    reply_topics = {topics.out, topics.replies, topics.decisions}
+    outbox = start_outbox(config, app_id, reply_topics.__contains__)
     install_patches(rf"^{re.escape(base)}\.(in|work)$")
     app = faust_app(config, app_id, datadir=datadir)
     inputs = app.topic(topics.inputs, **RAW_TOPIC)

@@ -49,6 +49,7 @@ from triage.streams.engine import (
     freeze_heap,
     install_patches,
     raw_table,
+    reply_lane,
     start_outbox,
 )
 from triage.streams.gaps import GapGuard, Record, committed_offsets, read_again
@@ -61,7 +62,7 @@ from triage.streams.lapse import (
 )
 from triage.streams.liveness import HeartbeatGuard
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import KafkaOutbox
+from triage.streams.outbox import KafkaOutbox, reply_marks_topic
 from triage.streams.priority import serve_control_partitions_first
 from triage.streams.service import AdmissionService
 from triage.streams.sharding import ShardedServices
@@ -126,13 +127,14 @@ def build_app(
     layout_problem = shard_layout_problem(k.bootstrap_servers, [
         *(s.name for s in topic_layout(config, names) if s.kind in SHARDED_KINDS),
         *request_topics_on_broker(config, names),
-        f"{app_id}.outbox",  # the marks topic (engine.start_outbox)
+        f"{app_id}.outbox",  # the marks topics (engine.start_outbox)
+        reply_marks_topic(f"{app_id}.outbox"),
         # Faust names a table's changelog so (Collection._changelog_topic_name)
         *(f"{app_id}-{table}-changelog" for table in (REQUESTS, BUCKETS, LEARNED)),
     ], k.admission_partitions)
     if layout_problem is not None:
         raise ShardLayoutError(layout_problem)
-    outbox = start_outbox(config, app_id)
+    outbox = start_outbox(config, app_id, reply_lane(names))
     install_patches(names.requests_pattern)
     serve_control_partitions_first(names.requests_pattern)
     app = faust_app(config, app_id, datadir=datadir or config.admission.datadir,

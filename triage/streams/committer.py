@@ -14,7 +14,7 @@ import faust
 
 from triage.streams.changelog import ChangelogLostError, ChangelogProducer
 from triage.streams.health import Health
-from triage.streams.outbox import KafkaOutbox, OutboxFencedError, OutboxStoppedError
+from triage.streams.outbox import KafkaOutbox, OutboxFencedError, OutboxStoppedError, Output
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,20 @@ CYCLE_S = 0.02  # how often staged outputs are committed (the latency a batch ad
 # their own cost keeps that overhead bounded (docs/architecture.md, "Commits spaced by their cost").
 COMMIT_SPACING = 3.0
 MAX_CYCLE_S = 0.1
+# A batch whose replies touch at most this many partitions commits them with its work in
+# one transaction while the reply lane is idle: with a few tenants a second transaction
+# per batch only adds the broker's per-transaction work (lanes.py).
+COMBINE_MAX_PARTITIONS = 16
+
+
+def combine(replies: list[Output]) -> bool:
+    """Whether these replies are few enough to ride with their batch's work."""
+    partitions: set[tuple[str, int]] = set()
+    for topic, _key, _value, partition, _headers in replies:
+        partitions.add((topic, partition))
+        if len(partitions) > COMBINE_MAX_PARTITIONS:
+            return False
+    return True
 
 
 def next_cycle_s(last_commit_s: float) -> float:
@@ -39,9 +53,11 @@ class Committer:
     """Commits staged outputs (outbox.py) and holds Faust's offset commits behind them.
 
     One batch at a time: seal it, flush Faust's producer (the changelog writes of the
-    batch are then durable), commit its transaction. Faust flushes its producer right
-    before it commits input offsets; the wrapper installed here commits every batch
-    staged until then first, so offsets never pass an input whose outputs are not out."""
+    batch are then durable), commit its work outputs on the work lane, and queue its
+    replies for the reply lane, which commits every queued batch's replies in one
+    transaction (lanes.py). Faust flushes its producer right before it commits input
+    offsets; the wrapper installed here commits every batch staged until then first, on
+    both lanes, so offsets never pass an input whose outputs are not out."""
 
     def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health,
                  changelog: ChangelogProducer) -> None:
@@ -50,6 +66,9 @@ class Committer:
         self.health = health
         self.changelog = changelog  # the tables' changelog writer (changelog.py)
         self.lock = asyncio.Lock()
+        self.reply_lock = asyncio.Lock()
+        self.replies_queued = asyncio.Event()
+        self._reply_parts: list[tuple[int, list[Output]]] = []  # sealed, in batch order
         self._faust_flush: Callable[[], Awaitable[None]] | None = None
         self.last_commit_s = 0.0  # how long the last batch's transaction took
         # False while this process may not decide (lapse.py): nothing staged is sent
@@ -67,35 +86,77 @@ class Committer:
 
         producer.flush = flush  # type: ignore[method-assign]  # wrap, keep Faust's own flush
 
-    async def drain(self) -> None:
-        """Commit every output staged before this call (raises if the outbox stopped)."""
+    async def drain(self, *, replies: bool = True) -> None:
+        """Commit every output staged before this call (raises if the outbox stopped):
+        the work outputs now, and the replies too unless `replies` is False (the commit
+        loop's cycle: the reply lane then takes them, `commit_replies`)."""
         outbox = self.outbox
         if self.deciding is not None and not await self.deciding():
             return  # a lapsed member: the process is leaving (lapse.py)
         target = outbox.seq
         async with self.lock:
-            if outbox.confirmed >= target:
+            if outbox.lane_confirmed.work >= target:
                 # no outputs since the last batch, but table writes without outputs (a
                 # bucket, the predictor) must be durable before Faust commits offsets
                 await self._flush_changelog()
+            else:
+                await self._commit_work(target)
+        if replies:
+            await self.commit_replies()
+
+    async def _commit_work(self, target: int) -> None:
+        outbox = self.outbox
+        if outbox.sealed >= target:  # sealed by a drain that failed
+            raise OutboxStoppedError(f"batch {target} was not committed")
+        seq, batch = outbox.seal()
+        work, replies = outbox.split(batch)
+        # while the reply lane is idle (every earlier reply out), few replies may ride
+        # with the work: they still follow every earlier batch's, in order
+        both = outbox.replies is not None and combine(replies) and not (
+            self._reply_parts or self.reply_lock.locked())
+        if both:
+            work, replies = batch, []
+        self.health.publishing_since = time.monotonic()
+        try:
+            await self._flush_changelog()
+            if work:
+                started = time.monotonic()
+                try:
+                    await asyncio.to_thread(outbox.publish, seq, work, False, both)
+                except OutboxFencedError as exc:
+                    exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
+                self.last_commit_s = time.monotonic() - started
+            outbox.confirm(seq, replies=outbox.replies is None or both)
+            if outbox.replies is not None and not both:
+                self._reply_parts.append((seq, replies))
+                self.replies_queued.set()
+        finally:
+            self.health.publishing_since = None
+
+    async def commit_replies(self) -> None:
+        """Commit the replies of every batch whose work is committed, in one transaction
+        on the reply lane (nothing when none are queued)."""
+        outbox = self.outbox
+        async with self.reply_lock:
+            if not self._reply_parts:
                 return
-            if outbox.sealed >= target:  # sealed by a drain that failed
-                raise OutboxStoppedError(f"batch {target} was not committed")
-            seq, batch = outbox.seal()
-            assert self._faust_flush is not None
-            self.health.publishing_since = time.monotonic()
+            if self.deciding is not None and not await self.deciding():
+                return  # a lapsed member: its shards' owners replay these (lapse.py)
+            parts, self._reply_parts = self._reply_parts, []
+            seq = parts[-1][0]
+            outputs = [out for _, part in parts for out in part]
+            self.health.replying_since = time.monotonic()
             try:
-                await self._flush_changelog()
-                if batch:
-                    started = time.monotonic()
-                    try:
-                        await asyncio.to_thread(outbox.publish, seq, batch)
-                    except OutboxFencedError as exc:
-                        exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
-                    self.last_commit_s = time.monotonic() - started
-                outbox.confirm(seq)
+                if outputs:
+                    await asyncio.to_thread(outbox.publish, seq, outputs, True)
+            except OutboxFencedError as exc:
+                exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
+            except BaseException:
+                self._reply_parts[:0] = parts  # still owed, in order
+                raise
             finally:
-                self.health.publishing_since = None
+                self.health.replying_since = None
+            outbox.confirm(seq, work=False)
 
     async def _flush_changelog(self) -> None:
         """Faust's own flush and the tables' changelog writer's, retried through broker
@@ -147,12 +208,29 @@ async def commit_continuously(committer: Committer, outbox: KafkaOutbox,
                               ready: Callable[[], bool]) -> None:
     """Commit staged outputs continuously (a loop, not a timer: a commit can take
     longer than CYCLE_S, and then the next one follows after a pause that grows with
-    the commit's cost, `next_cycle_s`)."""
+    the commit's cost, `next_cycle_s`), and beside it the reply lane's loop."""
+    replies = asyncio.ensure_future(_commit_replies_continuously(committer, outbox))
+    try:
+        while not outbox.stopping:
+            await asyncio.sleep(next_cycle_s(committer.last_commit_s))
+            if not ready():
+                continue
+            try:
+                await committer.drain(replies=False)
+            except Exception as exc:  # the commit hook raises too: offsets stay behind
+                log.error("output batch not committed: %s", exc)
+    finally:
+        replies.cancel()
+
+
+async def _commit_replies_continuously(committer: Committer, outbox: KafkaOutbox) -> None:
+    """The reply lane: whenever batches' replies are queued, commit them all at once (so
+    the busier the lane, the more batches share one transaction's partitions)."""
     while not outbox.stopping:
-        await asyncio.sleep(next_cycle_s(committer.last_commit_s))
-        if not ready():
-            continue
+        await committer.replies_queued.wait()
+        committer.replies_queued.clear()
         try:
-            await committer.drain()
-        except Exception as exc:  # the commit hook raises too: offsets stay behind
-            log.error("output batch not committed: %s", exc)
+            await committer.commit_replies()
+        except Exception as exc:  # Faust's flush commits them, or raises, before offsets
+            log.error("replies not committed: %s", exc)
+            await asyncio.sleep(CYCLE_S)

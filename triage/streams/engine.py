@@ -6,6 +6,7 @@ as the admission app, and measure what it can do."""
 from __future__ import annotations
 
 import gc
+from collections.abc import Callable
 from typing import Any
 
 import faust
@@ -15,9 +16,9 @@ from triage.config.models import TriageConfig
 from triage.kafka.security import faust_credentials
 from triage.streams import faust_fixes, fetch_scan, fetch_sessions, per_partition
 from triage.streams.changelog import ChangelogProducer
-from triage.streams.outbox import KafkaOutbox
+from triage.streams.outbox import KafkaOutbox, reply_marks_topic
 from triage.topics.admin import TopicSpec, ensure_topics
-from triage.topics.names import TopicKind
+from triage.topics.names import TopicKind, TopicNames
 
 FETCH_MAX_WAIT_MS = 20
 # aiokafka sends no fetch at all to a broker while a partition it leads still holds
@@ -77,16 +78,25 @@ def install_patches(fresh_pattern: str) -> None:
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
 
 
-def start_outbox(config: TriageConfig, app_id: str) -> KafkaOutbox:
-    """The app's transactional outbox (and its marks topic), started."""
+def reply_lane(names: TopicNames) -> Callable[[str], bool]:
+    """The outputs the outbox's reply lane carries (lanes.py): the tenants' reply topics,
+    which one batch touches hundreds of at 1,000 tenants, and the decision records."""
+    replies, decisions = f"{names.prefix}.replies.", names.decisions
+    return lambda topic: topic == decisions or topic.startswith(replies)
+
+
+def start_outbox(config: TriageConfig, app_id: str,
+                 is_reply: Callable[[str], bool]) -> KafkaOutbox:
+    """The app's transactional outbox (and its lanes' marks topics), started."""
     k = config.kafka
     marks = f"{app_id}.outbox"
     shards = k.admission_partitions
-    ensure_topics(k.bootstrap_servers, [TopicSpec(marks, TopicKind.ADMISSION, shards,
-                                                  k.replication_factor)])
+    ensure_topics(k.bootstrap_servers, [TopicSpec(topic, TopicKind.ADMISSION, shards,
+                                                  k.replication_factor)
+                                        for topic in (marks, reply_marks_topic(marks))])
     outbox = KafkaOutbox(k.bootstrap_servers,
                          transactional_id=f"{app_id}.outbox{instance_suffix(config)}",
-                         marks_topic=marks, shards=shards)
+                         marks_topic=marks, shards=shards, is_reply=is_reply)
     outbox.start()
     return outbox
 

@@ -29,6 +29,7 @@ class Health:
     last_tick: float | None = None  # monotonic time the tick agent last ran
     last_beat: float | None = None  # monotonic time the event loop last ran a timer
     publishing_since: float | None = None  # an output batch is being committed
+    replying_since: float | None = None  # the same on the reply lane (lanes.py)
     # shards the group gave this instance at its last rebalance; None until the first.
     # Set by the event loop: the HTTP thread must never touch the consumer (Faust builds
     # it lazily, and one built on this thread waits on another loop: the app never starts)
@@ -52,9 +53,11 @@ class Health:
         since = now - (self.last_tick if self.last_tick is not None else self.started)
         if since > self.stall_s:
             return False, f"not deciding: no tick handled for {since:.1f}s"
-        if self.publishing_since is not None and now - self.publishing_since > self.stall_s:
-            return False, (f"outputs not committed for {now - self.publishing_since:.1f}s "
-                           "(broker unreachable?)")
+        for since_s, what in ((self.publishing_since, "outputs"),
+                              (self.replying_since, "replies")):
+            if since_s is not None and now - since_s > self.stall_s:
+                return False, (f"{what} not committed for {now - since_s:.1f}s "
+                               "(broker unreachable?)")
         return True, "deciding"
 
     def live(self) -> tuple[bool, str]:

@@ -18,7 +18,7 @@ from triage.streams import codec
 from triage.streams.emitting import RequestSide, ServiceOutputs
 from triage.streams.forwarding import Forwarder
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import Outbox
+from triage.streams.outbox import Committed, Outbox
 from triage.streams.refusals import FailureLog, Refusals
 from triage.streams.store import Bucket, StateStore
 from triage.topics.messages import (
@@ -92,13 +92,13 @@ class AdmissionService(ServiceOutputs):
                              pools=None if self.shard is None else self.shard.pools)
 
     def restore(self, now: float, *, replay: bool = True,
-                committed: int | None = None) -> dict[str, int]:
+                committed: int | Committed | None = None) -> dict[str, int]:
         """Rebuild the core and the in-memory indexes from the tables (after recovery).
         `replay=False` while running (a tenant removed): unconfirmed outputs are still
         on their way in the outbox's own batches, so they are not staged again.
-        `committed`: the last batch committed for this service's shard, when the shard
-        is taken over mid-run (its records name another owner's batches); None: the
-        outbox's own, read at its start."""
+        `committed`: the last batches committed for this service's shard (per lane),
+        when the shard is taken over mid-run (its records name another owner's
+        batches); None: the outbox's own, read at its start."""
         self.core = self._new_core()
         self._side.clear()
         self._done.clear()
@@ -117,9 +117,9 @@ class AdmissionService(ServiceOutputs):
                           *(seq for seq, _, _ in env.outputs))
         if replay:  # batches are numbered above anything stored; uncommitted outputs again
             if committed is None:
-                self.outbox.resume_after(self.outbox.confirmed, highest)
+                self.outbox.resume_after(self.outbox.lane_confirmed, highest)
             else:
-                self.outbox.advance_past(max(highest, committed))
+                self.outbox.advance_past(max(highest, Committed.of(committed).high))
             for rid, env in envelopes:
                 counts["replayed"] += self.outbox.replay(rid, env.outputs, committed)
         for _rid, env in envelopes:

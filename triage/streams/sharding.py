@@ -15,7 +15,7 @@ from typing import Any
 
 from triage.config.models import TriageConfig
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import Outbox
+from triage.streams.outbox import Committed, Outbox
 from triage.streams.service import AdmissionService
 from triage.streams.store import MappingStore
 from triage.topics.names import TopicNames
@@ -57,9 +57,11 @@ class ShardedServices:
                                 metrics=self.metrics, expect_heartbeats=self.expect_heartbeats,
                                 shard=sh)
 
-    def adopt(self, partition: int, now: float, committed: int | None = None) -> dict[str, int]:
+    def adopt(self, partition: int, now: float,
+              committed: Committed | None = None) -> dict[str, int]:
         """Take `partition` on: its service, rebuilt from its slice of the tables.
-        `committed`: the last batch committed for it (None: unsharded, the outbox's own)."""
+        `committed`: the last batches committed for it, per lane (None: unsharded, the
+        outbox's own)."""
         svc = self.build(partition)
         counts = svc.restore(now, committed=committed)
         self.services[partition] = svc

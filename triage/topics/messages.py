@@ -479,6 +479,9 @@ class OutboxMark(Message):
     # the transactional id that wrote it: a process taking the shard over fences it when
     # it left a transaction open (killed), so readers do not wait out its timeout
     writer: str | None = Field(None, max_length=512)
+    # the writer's lanes (streams/lanes.py): 2 when its replies go on a reply lane with
+    # marks of their own; 1 (every mark before 2026-12-06) when this batch held them too
+    lanes: Literal[1, 2] = 1
 
 
 class LiveState(StrEnum):
