@@ -191,7 +191,8 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
         f"  triage          {f('completed_per_s')} completed/s, {f('decisions_per_s')} "
         f"first decisions/s, {f('admission_cpu_us_per_request')} us admission CPU per "
         f"completed request ({f('admission_cpu_s_per_1000_requests')} s per 1,000); "
-        f"p50 {f('p50_ms')} ms, p99 {f('p99_ms')} ms at {f('latency_offered_per_s')}/s; "
+        f"p50 {f('p50_ms')} ms, p99 {f('p99_ms')} ms at {f('latency_offered_per_s')}/s "
+        f"(visible to a client: p99 {f('visible_p99_ms')} ms); "
         f"{f('completions_per_message')} completions per message",
         f"  ratios          triage/skeleton {f('triage_vs_skeleton')}, skeleton/table "
         f"{f('skeleton_vs_table')}, table/relay {f('table_vs_relay')}, relay/broker "
