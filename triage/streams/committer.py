@@ -234,3 +234,4 @@ async def _commit_replies_continuously(committer: Committer, outbox: KafkaOutbox
         except Exception as exc:  # Faust's flush commits them, or raises, before offsets
             log.error("replies not committed: %s", exc)
             await asyncio.sleep(CYCLE_S)
+            committer.replies_queued.set()  # still queued (commit_replies put them back)
