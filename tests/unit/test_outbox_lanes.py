@@ -260,3 +260,30 @@ def test_few_replies_ride_with_their_work_only_while_the_reply_lane_is_idle(
     assert txns == [("both", 1, [b"w1", b"r1"]), ("work", 2, [b"w2"]), ("work", 3, [b"w3"]),
                     ("replies", 3, [b"r2", b"r2b", b"r3"]), ("both", 4, [b"w4", b"r4"])]
     assert confirmed == Committed(4, 4)
+
+
+def test_the_reply_loop_retries_what_a_failed_transaction_left_queued(
+    split_always: None,
+) -> None:
+    """The loop wakes when a batch queues replies; after a failed transaction it must try
+    again by itself, not wait for a next batch that may never come (an idle app)."""
+    async def run() -> tuple[list[Any], Committed]:
+        committer, out = _committer()
+        out.fail_replies = True
+        loop = asyncio.ensure_future(committer_module._commit_replies_continuously(
+            committer, out))  # type: ignore[arg-type]
+        _stage(out, 1)
+        await committer.drain(replies=False)
+        for _ in range(3):  # at least one failed try
+            await asyncio.sleep(committer_module.CYCLE_S)
+        out.fail_replies = False  # the broker is back; no new batch comes
+        for _ in range(100):
+            if out.lane_confirmed.replies == 1:
+                break
+            await asyncio.sleep(committer_module.CYCLE_S)
+        out.stopping = True
+        loop.cancel()
+        return out.txns, out.lane_confirmed
+
+    txns, confirmed = asyncio.run(run())
+    assert txns[-1] == ("replies", 1, [b"r1"]) and confirmed == Committed(1, 1)
