@@ -41,7 +41,7 @@ def test_a_takeover_reads_each_lanes_last_batch(kafka_bootstrap: str) -> None:
     first.start()
     first.mark_partitions.add(1)
     first.publish(7, [(work, b"k", b"w7", 1, None)])
-    first.publish(7, [(replies, b"k", b"r7", 1, None)], replies=True)
+    first.publish(7, [(replies, b"k", b"r7", 1, None)], lane="replies")
     first.publish(8, [(work, b"k", b"w8", 1, None)])  # then the process dies
     assert _committed(kafka_bootstrap, work) == [b"w7", b"w8"]
     assert _committed(kafka_bootstrap, replies) == [b"r7"]

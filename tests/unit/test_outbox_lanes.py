@@ -17,7 +17,13 @@ from triage.streams.committer import Committer
 from triage.streams.health import Health
 from triage.streams.lanes import Committed, MarksState
 from triage.streams.metrics import AdmissionMetrics
-from triage.streams.outbox import BatchedOutbox, ListOutbox, OutboxStoppedError, Output
+from triage.streams.outbox import (
+    BatchedOutbox,
+    Lane,
+    ListOutbox,
+    OutboxStoppedError,
+    Output,
+)
 from triage.streams.service import AdmissionService
 from triage.streams.store import MappingStore
 from triage.topics.messages import DecisionRecord, InferenceRequest, Reply
@@ -136,11 +142,9 @@ class _Outbox(BatchedOutbox):
         self.txns: list[tuple[str, int, list[bytes]]] = []
         self.fail_replies = False
 
-    def publish(self, seq: int, batch: list[Output], replies: bool = False,
-                both: bool = False) -> None:
-        if replies and self.fail_replies:
+    def publish(self, seq: int, batch: list[Output], lane: Lane = "work") -> None:
+        if lane == "replies" and self.fail_replies:
             raise OutboxStoppedError("stopped")
-        lane = "both" if both else "replies" if replies else "work"
         self.txns.append((lane, seq, [o[2] for o in batch]))
 
 

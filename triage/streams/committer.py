@@ -122,7 +122,7 @@ class Committer:
             if work:
                 started = time.monotonic()
                 try:
-                    await asyncio.to_thread(outbox.publish, seq, work, False, both)
+                    await asyncio.to_thread(outbox.publish, seq, work, "both" if both else "work")
                 except OutboxFencedError as exc:
                     exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
                 self.last_commit_s = time.monotonic() - started
@@ -148,7 +148,7 @@ class Committer:
             self.health.replying_since = time.monotonic()
             try:
                 if outputs:
-                    await asyncio.to_thread(outbox.publish, seq, outputs, True)
+                    await asyncio.to_thread(outbox.publish, seq, outputs, "replies")
             except OutboxFencedError as exc:
                 exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
             except BaseException:

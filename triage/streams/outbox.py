@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Protocol, TypeVar
+from typing import Literal, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -49,6 +49,7 @@ __all__ = ["MARK_KEY", "Committed", "Headers", "OutboxFencedError", "OutboxStopp
            "Output", "reply_marks_topic"]
 
 Pending = tuple[int, str, bytes]  # batch, topic, value (keyed by the record's id)
+Lane = Literal["work", "replies", "both"]  # what one transaction carries (`publish`)
 BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)
 T = TypeVar("T")
 
@@ -261,15 +262,9 @@ class KafkaOutbox(BatchedOutbox):
 
     def committed_for(self, shard: int) -> Committed:
         """The last batches committed for `shard` (its marks partitions; blocking, retried)."""
-        work, replies = (None if lane is None else
-                         self._retry("read the outbox marker", self._marker_of(lane, shard))
-                         for lane in (self.work, self.replies))
-        assert work is not None
-        return Committed.read(work, replies)
-
-    @staticmethod
-    def _marker_of(lane: TxnLane, shard: int) -> Callable[[], MarksState]:
-        return lambda: lane.last_marker(shard)
+        def read(lane: TxnLane) -> MarksState:
+            return self._retry("read the outbox marker", lambda: lane.last_marker(shard))
+        return Committed.read(read(self.work), None if self.replies is None else read(self.replies))
 
     def take_over(self, shard: int) -> Committed:
         """The last batches committed for `shard`, read when this process adopts it. When
@@ -290,15 +285,14 @@ class KafkaOutbox(BatchedOutbox):
     def poll(self) -> None:
         self._plain.poll(0)
 
-    def publish(self, seq: int, batch: list[Output], replies: bool = False,
-                both: bool = False) -> None:
-        """Send a sealed batch (its work part; `replies`: its reply part, or batches' reply
-        parts up to `seq`; `both`: all of it, on the work lane, marked on both lanes) and
-        the lane's marker in one transaction (blocking; retries with backoff through
-        broker outages until it commits or stop() is called)."""
-        lane = self.replies if replies and self.replies is not None else self.work
-        also = self.replies.marks_topic if both and self.replies is not None else None
-        self._retry(f"commit output batch {seq}", lambda: lane.publish_once(
+    def publish(self, seq: int, batch: list[Output], lane: Lane = "work") -> None:
+        """Send outputs and the lane's marker in one transaction (blocking; retries with
+        backoff through broker outages until it commits or stop() is called). `lane`:
+        "work", a sealed batch's work part; "replies", the reply parts of batches up to
+        `seq`; "both", a whole batch on the work lane, marked on both lanes."""
+        txn = self.replies if lane == "replies" and self.replies is not None else self.work
+        also = self.replies.marks_topic if lane == "both" and self.replies is not None else None
+        self._retry(f"commit output batch {seq}", lambda: txn.publish_once(
             seq, batch, self.mark_partitions, lambda: self.stopping, also))
         self.last_commit_at = time.monotonic()
 
