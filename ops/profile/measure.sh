@@ -22,7 +22,7 @@ threads() {  # per-thread CPU ticks (utime+stime) and name: tid comm ticks
 }
 threads > $O/threads-ready.txt
 .venv/bin/py-spy dump -p $PID > $O/threads-names.txt 2>&1
-.venv/bin/py-spy record --nonblocking -r 100 -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
+.venv/bin/py-spy record --nonblocking -r 100 ${PYSPY_ARGS:-} -p $PID --format raw -o $O/profile.txt > $O/pyspy.log 2>&1 &
 SP=$!
 (sleep 3; .venv/bin/py-spy dump -p $PID >> $O/threads-names.txt 2>&1) &  # threads started after ready
 LAST=$T0

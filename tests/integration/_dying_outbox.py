@@ -15,8 +15,8 @@ from triage.streams.outbox import KafkaOutbox
 produce = lanes.produce
 bootstrap, txn_id, marks, work, replies, last = sys.argv[1:7]
 
-def dies_after(p, topic, key, value, partition=-1, headers=None):
-    produce(p, topic, key, value, partition, headers)
+def dies_after(p, topic, value, key=None, partition=-1, **kw):
+    produce(p, topic, value, key, partition, **kw)
     if value == last.encode():  # on the broker, its transaction open: kill -9
         p.flush(30)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -23,7 +23,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 from triage.bench.ceiling_app import CeilingKind, CeilingTopics
 from triage.bench.children import BenchStartError, Fleet, cpu_seconds
 from triage.demo.processes import ChildProcess
-from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.clients import make_consumer, make_producer, produce_waiting
 from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicKind
@@ -61,12 +61,7 @@ def _produce_all(bootstrap: str, topic: str, msgs: list[tuple[bytes, bytes]]) ->
     p.list_topics(topic, timeout=10)  # connected, with metadata, before the clock starts
     start = time.perf_counter()
     for i, (key, value) in enumerate(msgs):
-        while True:
-            try:
-                p.produce(topic, key=key, value=value, on_delivery=report)
-                break
-            except BufferError:
-                p.poll(0.01)
+        produce_waiting(p, topic, value, key, on_delivery=report, backoff_s=0.01)
         if i % 1000 == 0:
             p.poll(0)
     left = p.flush(60)

@@ -13,7 +13,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
-from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.clients import make_consumer, make_producer, produce_waiting
 from triage.topics.messages import (
     CompletionStatus,
     DeadLetter,
@@ -92,13 +92,8 @@ class Sender(threading.Thread):
                                    created_at_ms=int(now * 1000),
                                    metadata={"sim_output_tokens": self._out})
             self._obs.expect(rid, tenant, now)
-            while True:
-                try:
-                    self._p.produce(self._names.requests(tenant), key=rid.encode(),
-                                    value=req.to_bytes(), on_delivery=self._delivered)
-                    break
-                except BufferError:
-                    self._p.poll(0.1)
+            produce_waiting(self._p, self._names.requests(tenant), req.to_bytes(),
+                            rid.encode(), on_delivery=self._delivered)
             self._p.poll(0)
         self._p.flush(900)
 

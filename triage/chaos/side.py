@@ -16,7 +16,7 @@ from typing import Any
 from triage.chaos.observe import Observer
 from triage.chaos.poison import Expect, Poison, poison_corpus
 from triage.chaos.system import TENANT, TENANTS, System
-from triage.kafka.clients import make_admin, make_producer
+from triage.kafka.clients import make_admin, make_producer, produce_waiting
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
 
@@ -69,12 +69,7 @@ class PoisonFlow:
                     errs.append(str(err))
 
             self.sent.append((e, slot, errs))
-            while True:
-                try:
-                    self._p.produce(self._topic, key=e.key, value=e.value, on_delivery=cb)
-                    break
-                except BufferError:
-                    self._p.poll(0.1)
+            produce_waiting(self._p, self._topic, e.value, e.key, on_delivery=cb)
             self._p.poll(0)
         self._p.flush(120)
         self.last_at = time.time()

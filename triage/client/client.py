@@ -34,7 +34,7 @@ from triage.client.retry import RetryPlan, plan_retry
 from triage.client.router import ReplyRouter, Submission, UpdateCallback
 from triage.client.updates import AsyncTextStream, TextStream, aiter_updates, iter_updates
 from triage.config.models import TriageConfig
-from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.clients import make_consumer, make_producer, produce_waiting
 from triage.kafka.security import librdkafka_settings
 from triage.topics.messages import InferenceRequest, Reply
 from triage.topics.names import TopicNames
@@ -44,7 +44,6 @@ from triage.topics.shards import request_routes
 log = logging.getLogger(__name__)
 
 DEFAULT_REPLY_TIMEOUT_S = 120.0  # covers the example config's batch tenant (60 s SLA + 30 s wait)
-PRODUCE_BACKOFF_S = 0.05  # wait for queue room when the producer's buffer is full
 ROUTES_REFRESH_S = 30.0  # a model the routes do not name: read them again at most this often
 
 
@@ -156,18 +155,8 @@ class TriageClient:
 
         payload = stamped.to_bytes()
         partition = self._route(stamped.model)
-        while True:
-            try:
-                self._producer.produce(
-                    self.request_topic,
-                    key=stamped.request_id.encode(),
-                    value=payload,
-                    partition=partition,
-                    on_delivery=on_delivery,
-                )
-                break
-            except BufferError:  # local queue full: let it drain
-                self._producer.poll(PRODUCE_BACKOFF_S)
+        produce_waiting(self._producer, self.request_topic, payload,
+                        stamped.request_id.encode(), partition, on_delivery=on_delivery)
         self._producer.poll(0)
         return sub
 

@@ -124,6 +124,21 @@ def make_admin(bootstrap: str, **overrides: Any) -> AdminClient:
     return AdminClient(client_config(bootstrap, **overrides))
 
 
+def produce_waiting(producer: Producer, topic: str, value: bytes | None, key: bytes | None = None,
+                    partition: int = -1, *, headers: list[Any] | None = None,
+                    on_delivery: Callable[..., Any] | None = None,
+                    backoff_s: float = 0.05) -> None:
+    """produce(), waiting while librdkafka's local queue is full (a burst, or a broker
+    outage): serving delivery reports for `backoff_s` frees room. Nothing is dropped."""
+    while True:
+        try:
+            producer.produce(topic, value=value, key=key, partition=partition,
+                             on_delivery=on_delivery, headers=headers)
+            return
+        except BufferError:
+            producer.poll(backoff_s)
+
+
 def broker_reachable(bootstrap: str, timeout_s: float = 2.0, **overrides: Any) -> bool:
     """True when a metadata request succeeds: an open port is not enough."""
     try:

@@ -32,7 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from faust.types import TP
 
-from triage.kafka.clients import make_producer
+from triage.kafka.clients import make_producer, produce_waiting
 
 log = logging.getLogger(__name__)
 
@@ -79,13 +79,8 @@ class ChangelogProducer:
         # One partition per table unless sharded (then the event's own): Faust's
         # partitioner is only ever asked for partition 0 of a one-partition table.
         part = 0 if partition is None else partition
-        while True:
-            try:
-                self._producer.produce(topic, value, key, partition=part,
-                                       on_delivery=self._on_delivery)
-                return part
-            except BufferError:  # librdkafka's queue is full (a long broker outage)
-                self._producer.poll(0.1)
+        produce_waiting(self._producer, topic, value, key, part, on_delivery=self._on_delivery)
+        return part
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
         topic, partition = msg.topic(), msg.partition()

@@ -29,6 +29,7 @@ from typing import Protocol, TypeVar
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.clients import produce_waiting as produce  # the seam takeover tests patch
 from triage.topics.messages import OutboxMark
 
 log = logging.getLogger(__name__)
@@ -146,11 +147,12 @@ class TxnLane:
             mark = OutboxMark(seq=seq, writer=self.txn_id, lanes=self.lanes).to_bytes()
             for topic in [t for t in (self.marks_topic, also_marks) if t is not None]:
                 for shard in sorted(mark_partitions):
-                    produce(p, topic, MARK_KEY, mark, shard)
+                    produce(p, topic, mark, MARK_KEY, shard)  # type: ignore[arg-type]
             if mark_partitions and p.flush(30.0):  # type: ignore[attr-defined]
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "writing the mark"))
             for topic, key, value, partition, headers in batch:
-                produce(p, topic, key, value, partition, headers)
+                produce(p, topic, value, key, partition,  # type: ignore[arg-type]
+                        headers=headers)
             while True:
                 try:
                     p.commit_transaction(30.0)  # type: ignore[attr-defined]
@@ -235,18 +237,6 @@ class TxnLane:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
         finally:
             c.close()
-
-
-def produce(p: object, topic: str, key: bytes | None, value: bytes,
-            partition: int = -1, headers: Headers | None = None) -> None:
-    """produce(), waiting while librdkafka's local queue is full."""
-    while True:
-        try:
-            p.produce(topic, value=value, key=key,  # type: ignore[attr-defined]
-                      partition=partition, headers=headers)
-            return
-        except BufferError:  # local queue full: let librdkafka drain, then retry
-            p.poll(0.05)  # type: ignore[attr-defined]
 
 
 class OutboxStoppedError(Exception):

@@ -12,6 +12,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer
 
+from triage.kafka.clients import produce_waiting
 from triage.topics.messages import Message
 
 log = logging.getLogger(__name__)
@@ -38,14 +39,9 @@ class AsyncProducer:
             with contextlib.suppress(RuntimeError):  # loop gone at shutdown: nobody waits
                 self._loop.call_soon_threadsafe(_settle, fut, err)
 
-        value = message.to_bytes()
-        while True:
-            try:
-                self._producer.produce(topic, key=key.encode(), value=value, partition=partition,
-                                       on_delivery=delivered)
-                return fut
-            except BufferError:  # local queue full: let deliveries drain, then retry
-                self._producer.poll(0.05)
+        produce_waiting(self._producer, topic, message.to_bytes(), key.encode(), partition,
+                        on_delivery=delivered)
+        return fut
 
     def flush(self, timeout_s: float = 10.0) -> int:
         """Wait for outstanding deliveries; return how many are still undelivered."""
