@@ -19,6 +19,7 @@ from triage.bench.pipeline import RATIOS, run
 
 FIELDS = ("completed_per_s", "decisions_per_s", "p50_ms", "p99_ms", "warmup_p99_ms",
           "admission_cpu_us_per_request", "admission_cpu_s_per_1000_requests",
+          "paced_cpu_us_per_request",
           "broker_produce_per_s", "broker_consume_per_s", "faust_relay_ceiling_per_s",
           "faust_table_ceiling_per_s", "faust_skeleton_ceiling_per_s",
           "faust_relay_cpu_us_per_msg", "faust_table_cpu_us_per_msg",

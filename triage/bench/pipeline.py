@@ -252,6 +252,10 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
                    warm_ids, routes)
             _wait(clock.first, warm_ids, 120)
         warm = sorted(clock.first[r] - t for r, t in warm_ids.items() if r in clock.first)
+        pids = [p.proc.pid for p in admissions if p.proc is not None]
+        # CPU at a paced load: every second's fixed work (ticks, polls, commits) included,
+        # so instances compare at equal load each (--instances: docs/architecture.md)
+        paced_cpu0 = sum(cpu_seconds(pid) for pid in pids)
         lat_ids: dict[str, int] = {}
         offered = _offer(server, names, "lat", latency_requests, latency_rate, models,
                          tenant_list, lat_ids, routes)
@@ -262,8 +266,8 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
             (t, clock.first[r] - t) for r, t in lat_ids.items() if r in clock.first
         )))  # (produce ms, produce to first decision ms) of each request: where stalls fell
         _wait(clock.done, lat_ids, 300)  # the burst's CPU is the burst's alone
-        pids = [p.proc.pid for p in admissions if p.proc is not None]
         cpu0 = sum(cpu_seconds(pid) for pid in pids)
+        paced_done = sum(1 for r in lat_ids if r in clock.done)
         burst_ids: dict[str, int] = {}
         burst_offered = _offer(server, names, "burst", burst_requests, None, models,
                                tenant_list, burst_ids, routes)
@@ -285,6 +289,8 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
             "warmup_p99_ms": float(warm[int(0.99 * (len(warm) - 1))]) if warm else None,
             "warmup_max_ms": float(warm[-1]) if warm else None,
             "admission_cpu_us_per_request": cpu_s / len(done) * 1e6 if done else None,
+            "paced_cpu_us_per_request": ((cpu0 - paced_cpu0) / paced_done * 1e6
+                                         if paced_done else None),
             "burst_offered_per_s": burst_offered, "burst_decided": len(decided),
             "burst_completed": len(done), "latency_offered_per_s": offered,
             "latency_decided": len(lat), "completions_per_message": per_message,

@@ -192,6 +192,7 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
         f"first decisions/s, {f('admission_cpu_us_per_request')} us admission CPU per "
         f"completed request ({f('admission_cpu_s_per_1000_requests')} s per 1,000); "
         f"p50 {f('p50_ms')} ms, p99 {f('p99_ms')} ms at {f('latency_offered_per_s')}/s "
+        f"({f('paced_cpu_us_per_request')} us CPU per request at that rate) "
         f"(visible to a client: p99 {f('visible_p99_ms')} ms); "
         f"{f('completions_per_message')} completions per message",
         f"  ratios          triage/skeleton {f('triage_vs_skeleton')}, skeleton/table "
