@@ -4,7 +4,7 @@
 cd "$(git rev-parse --show-toplevel)"
 L=$1; B=${2:-20000}; O=${OUT_DIR:-/tmp/triage-profile}/$L; mkdir -p $O
 .venv/bin/triage bench pipeline --json --bootstrap 127.0.0.1:9092 --repetitions 1 \
-  --latency-rate 150 --latency-requests 1500 --burst-requests $B ${BENCH_ARGS:-} > $O/bench.json 2> $O/bench.err &
+  --latency-rate ${RATE:-150} --latency-requests ${LAT:-1500} --burst-requests $B ${BENCH_ARGS:-} > $O/bench.json 2> $O/bench.err &
 BP=$!
 PID=""
 for i in $(seq 1 600); do

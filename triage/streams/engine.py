@@ -20,7 +20,13 @@ from triage.streams.outbox import KafkaOutbox, reply_marks_topic
 from triage.topics.admin import TopicSpec, ensure_topics
 from triage.topics.names import TopicKind, TopicNames
 
-FETCH_MAX_WAIT_MS = 20
+# A fetch returns once it holds FETCH_MIN_BYTES or after FETCH_MAX_WAIT_MS. With
+# aiokafka's 1 byte, a steady trickle (a few hundred requests/s) made a fetch per record
+# or two, and fetching was the consumer thread's whole cost: at 500/s the app spent ~30%
+# more CPU per request than with fetches held 5 ms (docs/architecture.md, "Fetches held
+# a few milliseconds"). Under a flood 16 KB is there at once; idle, 5 ms is the poll.
+FETCH_MAX_WAIT_MS = 5
+FETCH_MIN_BYTES = 16384
 # aiokafka sends no fetch at all to a broker while a partition it leads still holds
 # buffered records younger than this (its default is 100 ms): during a request flood a
 # completion or heartbeat produced meanwhile waited that long before it was even fetched.
@@ -44,6 +50,7 @@ def _short_fetch_waits() -> None:
     def _create(self: Any, transport: Any) -> Any:
         consumer = create(self, transport)
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read by its Fetcher at start()
+        consumer._fetch_min_bytes = FETCH_MIN_BYTES
         start = consumer.start
 
         async def start_with_short_backoff() -> None:
