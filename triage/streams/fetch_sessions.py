@@ -219,6 +219,12 @@ class SessionClient:
         self._client = client
         self.sessions: dict[int, FetchSession] = {}
 
+    def fetches(self) -> tuple[int, int]:
+        """Fetch requests sent so far: (full, incremental), over every broker's session."""
+        sessions = list(self.sessions.values())
+        return (sum(s.full_fetches for s in sessions),
+                sum(s.incremental_fetches for s in sessions))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
@@ -242,6 +248,10 @@ class SessionClient:
         return response
 
 
+# every client install() wrapped in this process: the metrics read their fetch counts
+INSTALLED: list[SessionClient] = []
+
+
 def _speaks_this_aiokafka() -> bool:
     """The private fields of aiokafka 0.14's FetchRequest that SessionFetchRequest reads."""
     probe = FetchRequest(1, 1, 1, 0, [])
@@ -261,5 +271,6 @@ def install(consumer: Any) -> SessionClient | None:
         return None
     client = SessionClient(fetcher._client)
     fetcher._client = client
+    INSTALLED.append(client)
     return client
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
+from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from triage.streams import fetch_sessions
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -32,11 +35,25 @@ if TYPE_CHECKING:
     from triage.admission.core import AdmissionCore
 
 
+def _fetched(pick: int) -> float:
+    """Fetches sent by every consumer of this process: full (0) or incremental (1)."""
+    return float(sum(c.fetches()[pick] for c in fetch_sessions.INSTALLED))
+
+
 class AdmissionMetrics:
     """Every series the admission app exports."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # read from the consumer's fetch sessions when scraped: nothing on the fetch path.
+        # Fetch rate is what a trickle of traffic costs the consumer thread
+        # (docs/architecture.md, "Fetches held a few milliseconds")
+        self.fetches = Gauge(
+            "triage_admission_fetches", "Fetch requests the consumer sent since start: full "
+            "(naming every partition) or incremental (in a fetch session).", ["kind"],
+            registry=r)
+        for kind, pick in (("full", 0), ("incremental", 1)):
+            self.fetches.labels(kind).set_function(partial(_fetched, pick))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._tenants_set: object = None  # the tenant collection whose gauges all exist
         self._tenant_depths: dict[str, int] = {}  # the non-zero per-tenant depths last set
