@@ -1,32 +1,43 @@
-"""The fetch count the admission app exports: read from its fetch sessions at scrape."""
+"""The fetch count the admission app exports: what every fetch session of the process
+sent, read at scrape (a consumer started again adds to the same figures)."""
 
 from __future__ import annotations
 
 import pytest
+from aiokafka.protocol.fetch import FetchRequest, FetchRequest_v11
 from prometheus_client import generate_latest
 
 from triage.streams import fetch_sessions
-from triage.streams.fetch_sessions import FetchSession, SessionClient
+from triage.streams.fetch_sessions import FetchCounts, FetchSession
 from triage.streams.metrics import AdmissionMetrics
 
 
-def _client(*counts: tuple[int, int]) -> SessionClient:
-    client = SessionClient(object())
-    for node, (full, incremental) in enumerate(counts):
-        session = client.sessions[node] = FetchSession()
-        session.full_fetches, session.incremental_fetches = full, incremental
-    return client
+def _base() -> FetchRequest:
+    return FetchRequest(20, 1, 1 << 20, 0, [("t", [(0, 10, 1024)])])
 
 
-def test_fetches_are_summed_over_every_installed_client_at_scrape(
+def _sent(s: FetchSession, session_id: int) -> None:
+    """One fetch, sent (built as the client builds it) and answered."""
+    req = s.request(_base())
+    req.build(FetchRequest_v11)
+    s.answered(req, 0, session_id)
+
+
+def test_every_session_adds_its_fetches_to_the_process_count_read_at_scrape(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    installed: list[SessionClient] = []
-    monkeypatch.setattr(fetch_sessions, "INSTALLED", installed)
+    sent = FetchCounts()
+    monkeypatch.setattr(fetch_sessions, "SENT", sent)
     metrics = AdmissionMetrics()
     text = generate_latest(metrics.registry).decode()
     assert 'triage_admission_fetches{kind="incremental"} 0.0' in text
-    installed += [_client((2, 30), (1, 7)), _client((1, 0))]  # consumers started later
+    for broker in range(2):  # two brokers' sessions of one consumer ...
+        s = FetchSession()
+        for _ in range(4 + broker):  # the first opens the session: full
+            _sent(s, 42 + broker)
+    gone = FetchSession()  # ... and one of a consumer since replaced
+    gone.request(_base())
+    del gone
     text = generate_latest(metrics.registry).decode()
-    assert 'triage_admission_fetches{kind="full"} 4.0' in text
-    assert 'triage_admission_fetches{kind="incremental"} 37.0' in text
+    assert 'triage_admission_fetches{kind="full"} 3.0' in text
+    assert 'triage_admission_fetches{kind="incremental"} 7.0' in text

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
-from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.clients import produce_waiting as produce  # the seam takeover tests patch
@@ -110,14 +110,14 @@ class TxnLane:
         self.txn_id = transactional_id
         self.marks_topic = marks_topic
         self._retry = retry
-        self.producer: object | None = None
+        self.producer: Producer | None = None
 
     def start(self) -> None:
         """Fence any earlier incarnation of this id (aborting its open transaction)."""
         self.producer = self._new_producer()
 
-    def _new_producer(self) -> object:
-        def make() -> object:
+    def _new_producer(self) -> Producer:
+        def make() -> Producer:
             p = make_producer(self.bootstrap, **{
                 "transactional.id": self.txn_id, "linger.ms": 5,
                 "batch.num.messages": 5000,
@@ -136,9 +136,11 @@ class TxnLane:
         transaction carries its outputs as well), then the outputs (raises
         OutboxFencedError when a newer owner took this id over; other errors leave a
         fresh or aborted producer)."""
-        p: object = self.producer
+        p = self.producer
+        if p is None:
+            raise RuntimeError("TxnLane.publish_once before start()")
         try:
-            p.begin_transaction()  # type: ignore[attr-defined]
+            p.begin_transaction()
             # the mark first, and on the broker before any output: a process killed
             # mid-batch then always leaves its transaction open on the marks partition,
             # where a takeover looks for it (`take_over`). Produced together, librdkafka
@@ -147,15 +149,15 @@ class TxnLane:
             mark = OutboxMark(seq=seq, writer=self.txn_id, lanes=self.lanes).to_bytes()
             for topic in [t for t in (self.marks_topic, also_marks) if t is not None]:
                 for shard in sorted(mark_partitions):
-                    produce(p, topic, mark, MARK_KEY, shard)  # type: ignore[arg-type]
-            if mark_partitions and p.flush(30.0):  # type: ignore[attr-defined]
+                    produce(p, topic, mark, MARK_KEY, shard)
+            if mark_partitions and p.flush(30.0):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "writing the mark"))
             for topic, key, value, partition, headers in batch:
-                produce(p, topic, value, key, partition,  # type: ignore[arg-type]
+                produce(p, topic, value, key, partition,
                         headers=headers)
             while True:
                 try:
-                    p.commit_transaction(30.0)  # type: ignore[attr-defined]
+                    p.commit_transaction(30.0)
                     return
                 except KafkaException as exc:
                     err = exc.args[0]
@@ -173,7 +175,7 @@ class TxnLane:
                 self.producer = self._new_producer()
             else:
                 try:
-                    p.abort_transaction(30.0)  # type: ignore[attr-defined]
+                    p.abort_transaction(30.0)
                 except KafkaException as abort_exc:
                     log.warning("outbox: abort failed (%s); new producer", abort_exc)
                     self.producer = self._new_producer()

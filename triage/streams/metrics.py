@@ -37,7 +37,8 @@ if TYPE_CHECKING:
 
 def _fetched(pick: int) -> float:
     """Fetches sent by every consumer of this process: full (0) or incremental (1)."""
-    return float(sum(c.fetches()[pick] for c in fetch_sessions.INSTALLED))
+    sent = fetch_sessions.SENT
+    return float(sent.incremental if pick else sent.full)
 
 
 class AdmissionMetrics:
