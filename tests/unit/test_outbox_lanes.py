@@ -291,3 +291,24 @@ def test_the_reply_loop_retries_what_a_failed_transaction_left_queued(
 
     txns, confirmed = asyncio.run(run())
     assert txns[-1] == ("replies", 1, [b"r1"]) and confirmed == Committed(1, 1)
+
+
+def test_replies_ride_with_their_work_only_when_they_touch_few_partitions() -> None:
+    """combine() counts the partitions a batch's replies touch: explicit ones as named,
+    keyed ones (partition -1) on partition 0 of one-partition topics, and each distinct
+    key, up to the topic's partitions, on wider ones."""
+    combine = committer_module.combine
+    limit = committer_module.COMBINE_MAX_PARTITIONS
+
+    def keyed(topic: str, key: str) -> Any:
+        return (topic, key.encode(), b"{}", -1, None)
+
+    one_tenant = [keyed("triage.replies.a", f"r{i}") for i in range(100)]
+    assert combine(one_tenant)  # one partition, however many keys
+    assert not combine(one_tenant, partitions_per_topic=limit + 1)  # keys spread out
+    assert combine(one_tenant, partitions_per_topic=limit)  # at most every partition
+    many = [keyed(f"triage.replies.t{i}", "r") for i in range(limit + 1)]
+    assert not combine(many)
+    assert combine(many[:limit])
+    named = [("triage.replies.a", b"r", b"{}", i % 2, None) for i in range(50)]
+    assert combine(named, partitions_per_topic=2)

@@ -162,7 +162,7 @@ def build_app(
     shards = ShardedServices(config, names=names, outbox=outbox, metrics=metrics,
                              tables=(table(REQUESTS), table(BUCKETS), table(LEARNED)))
     health = Health()
-    committer = Committer(app, outbox, health, changelog)
+    committer = Committer(app, outbox, health, changelog, k.request_partitions)
     gaps = GapGuard()
 
     async def still_member() -> bool:

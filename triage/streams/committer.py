@@ -32,12 +32,26 @@ MAX_CYCLE_S = 0.1
 COMBINE_MAX_PARTITIONS = 16
 
 
-def combine(replies: list[Output]) -> bool:
-    """Whether these replies are few enough to ride with their batch's work."""
-    partitions: set[tuple[str, int]] = set()
-    for topic, _key, _value, partition, _headers in replies:
-        partitions.add((topic, partition))
-        if len(partitions) > COMBINE_MAX_PARTITIONS:
+def combine(replies: list[Output], partitions_per_topic: int = 1) -> bool:
+    """Whether these replies are few enough to ride with their batch's work: they touch
+    at most COMBINE_MAX_PARTITIONS partitions. A keyed reply (partition -1) goes where
+    the partitioner puts its key: partition 0 of a one-partition topic; on more, each
+    distinct key counts, up to the topic's partitions (an upper bound)."""
+    seen: set[tuple[str, object]] = set()
+    keyed: dict[str, int] = {}  # topic -> distinct keys counted on it
+    for topic, key, _value, partition, _headers in replies:
+        if partition >= 0 or partitions_per_topic == 1:
+            unit: tuple[str, object] = (topic, partition if partition >= 0 else 0)
+        else:
+            unit = (topic, key)
+        if unit in seen:
+            continue
+        if partition < 0 and partitions_per_topic > 1:
+            if keyed.get(topic, 0) >= partitions_per_topic:
+                continue
+            keyed[topic] = keyed.get(topic, 0) + 1
+        seen.add(unit)
+        if len(seen) > COMBINE_MAX_PARTITIONS:
             return False
     return True
 
@@ -60,8 +74,9 @@ class Committer:
     both lanes, so offsets never pass an input whose outputs are not out."""
 
     def __init__(self, app: faust.App, outbox: KafkaOutbox, health: Health,
-                 changelog: ChangelogProducer) -> None:
+                 changelog: ChangelogProducer, reply_partitions: int = 1) -> None:
         self.app = app
+        self.reply_partitions = reply_partitions  # of each reply topic (combine)
         self.outbox = outbox
         self.health = health
         self.changelog = changelog  # the tables' changelog writer (changelog.py)
@@ -112,7 +127,7 @@ class Committer:
         work, replies = outbox.split(batch)
         # while the reply lane is idle (every earlier reply out), few replies may ride
         # with the work: they still follow every earlier batch's, in order
-        both = outbox.replies is not None and combine(replies) and not (
+        both = outbox.replies is not None and combine(replies, self.reply_partitions) and not (
             self._reply_parts or self.reply_lock.locked())
         if both:
             work, replies = batch, []
