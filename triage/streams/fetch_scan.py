@@ -78,8 +78,12 @@ class TrackedRecords(OrderedDict):  # type: ignore[type-arg]
         self.changed.add(tp)
 
     def pop(self, tp: Any, *default: Any) -> Any:
-        self.changed.add(tp)
-        return super().pop(tp, *default)
+        try:
+            return super().pop(tp, *default)
+        finally:  # marked after the change, as every method here: marked first, a walk
+            # in the other thread could place `tp` as still buffered and take the mark,
+            # and the partition would not be fetched again until a full walk
+            self.changed.add(tp)
 
     def popitem(self, last: bool = True) -> Any:
         item = super().popitem(last)
@@ -87,8 +91,9 @@ class TrackedRecords(OrderedDict):  # type: ignore[type-arg]
         return item
 
     def clear(self) -> None:
-        self.changed.update(self.keys())
+        cleared = list(self.keys())
         super().clear()
+        self.changed.update(cleared)
 
 
 class Walk:
