@@ -76,17 +76,14 @@ def shortfalls(sc: Scenario, rows: dict[str, dict[str, Any]]) -> list[tuple[str,
         best = max(base, key=lambda b: base[b][key])
         bar = base[best][key]
         if full[key] < bar - 1e-9:
-            gap = (bar - full[key]) / bar if key == "goodput" else bar - full[key]
-            misses.append((f"{label} {full[key]:.4g} < {best} {bar:.4g}", 100.0 * gap))
-    tight = min(t.sla_ms for t in sc.config.tenants if t.name in full["tenants"])
-    for t in (t.name for t in sc.config.tenants if t.sla_ms == tight):
-        if t not in full["tenants"]:
-            continue
+            misses.append((f"{label} {full[key]:.4g} < {best} {bar:.4g}",
+                           _gap(full, base[best], key)))
+    for t in _tight_tenants(sc, full):
         best = max(base, key=lambda b: base[b]["tenants"].get(t, 0.0))
-        gap = base[best]["tenants"][t] - TENANT_SLACK - full["tenants"][t]
+        gap = _gap(full, base[best], t)
         if gap > 0.0:
             misses.append((f"tight tenant {t} {pct(full['tenants'][t])} < {best} "
-                           f"{pct(base[best]['tenants'][t])}", 100.0 * gap))
+                           f"{pct(base[best]['tenants'][t])}", gap))
     ref = rows[REFERENCE]["goodput"]
     if full["goodput"] < (1.0 - GOODPUT_SLACK) * ref:
         gap = ((1.0 - GOODPUT_SLACK) * ref - full["goodput"]) / ref
@@ -100,9 +97,7 @@ def steady_gaps(sc: Scenario, seeded: list[dict[str, dict[str, Any]]]) -> list[s
     case's rows per seed), worst first, with the mean gap: points for SLA, weighted SLA
     and tight tenants (past their 1-point slack), percent for goodput. Gaps that change
     sign with the seed are the GPUs' noise; these are not."""
-    full_tenants = seeded[0]["full"]["tenants"]
-    tight = min(t.sla_ms for t in sc.config.tenants if t.name in full_tenants)
-    tights = [t.name for t in sc.config.tenants if t.sla_ms == tight and t.name in full_tenants]
+    tights = _tight_tenants(sc, seeded[0]["full"])
     found: list[tuple[float, str]] = []
     for b in BASELINES:
         for key in ("sla", "weighted", "goodput", *tights):
@@ -116,8 +111,17 @@ def steady_gaps(sc: Scenario, seeded: list[dict[str, dict[str, Any]]]) -> list[s
     return [text for _mean, text in sorted(found, reverse=True)]
 
 
+def _tight_tenants(sc: Scenario, full: dict[str, Any]) -> list[str]:
+    """The tenants with the case's tightest SLA among those that sent requests."""
+    sent = full["tenants"]
+    tight = min(t.sla_ms for t in sc.config.tenants if t.name in sent)
+    return [t.name for t in sc.config.tenants if t.sla_ms == tight and t.name in sent]
+
+
 def _gap(full: dict[str, Any], base: dict[str, Any], key: str) -> float:
-    """How far full is behind `base` on one figure (negative: ahead), in the bar's units."""
+    """How far full is behind `base` on one figure (negative: ahead), in the bar's units:
+    points for SLA and weighted SLA, percent of `base` for goodput, points past the
+    1-point slack for a tenant (`key` a tenant's name)."""
     if key in ("sla", "weighted", "goodput"):
         b, f = float(base[key]), float(full[key])
         if key != "goodput":

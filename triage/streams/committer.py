@@ -37,21 +37,16 @@ def combine(replies: list[Output], partitions_per_topic: int = 1) -> bool:
     at most COMBINE_MAX_PARTITIONS partitions. A keyed reply (partition -1) goes where
     the partitioner puts its key: partition 0 of a one-partition topic; on more, each
     distinct key counts, up to the topic's partitions (an upper bound)."""
-    seen: set[tuple[str, object]] = set()
-    keyed: dict[str, int] = {}  # topic -> distinct keys counted on it
+    touched: dict[str, set[object]] = {}  # topic -> partitions (or keys) it touches
+    count = 0
     for topic, key, _value, partition, _headers in replies:
-        if partition >= 0 or partitions_per_topic == 1:
-            unit: tuple[str, object] = (topic, partition if partition >= 0 else 0)
-        else:
-            unit = (topic, key)
-        if unit in seen:
+        unit: object = partition if partition >= 0 else (0 if partitions_per_topic == 1 else key)
+        units = touched.setdefault(topic, set())
+        if unit in units or (partition < 0 and len(units) >= partitions_per_topic):
             continue
-        if partition < 0 and partitions_per_topic > 1:
-            if keyed.get(topic, 0) >= partitions_per_topic:
-                continue
-            keyed[topic] = keyed.get(topic, 0) + 1
-        seen.add(unit)
-        if len(seen) > COMBINE_MAX_PARTITIONS:
+        units.add(unit)
+        count += 1
+        if count > COMBINE_MAX_PARTITIONS:
             return False
     return True
 
