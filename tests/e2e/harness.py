@@ -29,9 +29,10 @@ QUOTA_BINDS: dict[str, Any] = {"preset": "full", "overage_when_idle": False}
 def fast_config(
     bootstrap: str, names: TopicNames, tmp: Path, *, tenants: list[dict[str, Any]],
     gpus: int = 2, kv_budget_gib: float = 40.0, policy: dict[str, Any] | None = None,
-    worker: dict[str, Any] | None = None,
+    worker: dict[str, Any] | None = None, kafka: dict[str, Any] | None = None,
 ) -> TriageConfig:
-    """A small pool whose simulated GPUs are quick in wall time (tests do not wait long)."""
+    """A small pool whose simulated GPUs are quick in wall time (tests do not wait long).
+    `kafka`: more of the config's kafka section (such as `tenant_topics`)."""
     data: dict[str, Any] = {
         "tenants": tenants,
         "models": [{
@@ -43,7 +44,8 @@ def fast_config(
         "pools": [{"name": "p", "gpu_type": "H200", "gpus": [f"g{i}" for i in range(gpus)],
                    "kv_budget_gib": kv_budget_gib, "queue_max": 1000}],
         "policy": policy or {"preset": "full"},
-        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix},
+        "kafka": {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix,
+                  **(kafka or {})},
         "metrics": {"admission_port": free_port(), "worker_port_base": free_run(gpus)},
         "admission": {"datadir": str(tmp / "admission-data")},
         "worker": {"heartbeat_s": 0.5, **(worker or {})},
@@ -122,3 +124,22 @@ def wait_until(cond: Callable[[], Any], timeout_s: float, what: str,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(poll_s)
+
+
+@contextmanager
+def gateway_running(tmp: Path, keys: Path) -> Iterator[tuple[ChildProcess, str]]:
+    """`triage gateway` on the config in `tmp` and a free port, answering /live: its
+    process and its base URL (http://127.0.0.1:<port>/v1); stopped after, cleanly."""
+    port = free_port()
+    gw = ChildProcess("gateway", ["gateway", "--config", str(tmp / "triage.yaml"), "--keys",
+                                  str(keys), "--port", str(port)], tmp / "gateway.log")
+    gw.start()
+    try:
+        deadline = time.monotonic() + 60
+        while scrape(f"http://127.0.0.1:{port}/live") is None:
+            if not gw.alive() or time.monotonic() > deadline:
+                raise AssertionError(f"gateway did not answer /live:\n{gw.tail(40)}")
+            time.sleep(0.25)
+        yield gw, f"http://127.0.0.1:{port}/v1"
+    finally:
+        assert gw.stop() == 0, gw.tail(40)

@@ -16,7 +16,7 @@ from typing import Any
 
 import openai
 import pytest
-from harness import QUOTA_BINDS, System, fast_config, free_port, running
+from harness import QUOTA_BINDS, System, fast_config, gateway_running, running
 
 from triage.client import InferenceRequest, TriageClient
 from triage.demo.processes import ChildProcess, scrape
@@ -53,17 +53,6 @@ def _tenant(name: str, **kw: Any) -> dict[str, Any]:
     return base
 
 
-def _wait_http(url: str, proc: ChildProcess, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not proc.alive():
-            raise AssertionError(f"gateway exited:\n{proc.tail(40)}")
-        if scrape(url) is not None:
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"gateway did not answer {url}:\n{proc.tail(40)}")
-
-
 @pytest.fixture(scope="module")
 def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     tmp = tmp_path_factory.mktemp("gateway")
@@ -78,17 +67,9 @@ def stack(kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory) -> Ite
         f"  - tenant: acme\n    sha256: {digest(KEY).hex()}\n"
         f"  - tenant: tiny\n    sha256: {digest(TINY_KEY).hex()}\n    name: tiny-test\n"
     )
-    port = free_port()
-    gw = ChildProcess("gateway", ["gateway", "--config", str(tmp / "triage.yaml"), "--keys",
-                                  str(keys), "--port", str(port)], tmp / "gateway.log")
     try:
-        with running(cfg, tmp) as system:
-            gw.start()
-            try:
-                _wait_http(f"http://127.0.0.1:{port}/live", gw)
-                yield Stack(system, gw, f"http://127.0.0.1:{port}/v1", names, kafka_bootstrap)
-            finally:
-                assert gw.stop() == 0, gw.tail(40)
+        with running(cfg, tmp) as system, gateway_running(tmp, keys) as (gw, url):
+            yield Stack(system, gw, url, names, kafka_bootstrap)
     finally:
         delete_topics(kafka_bootstrap, names.prefix)
 

@@ -90,12 +90,16 @@ def _request(rid: str, t: str, **kw: Any) -> InferenceRequest:
                                             "prompt_tokens": 50, "max_tokens": 10, **kw})
 
 
+@pytest.mark.parametrize("tenant_topics", ["per_tenant", "shared"])
 def test_the_poison_corpus_is_answered_or_dead_lettered_and_the_app_keeps_serving(
-    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path, tenant_topics: str
 ) -> None:
-    cfg = fast_config(kafka_bootstrap, topic_names, tmp_path, gpus=1,
-                      tenants=[tenant("a", max_concurrency=1)])
-    names = topic_names
+    """On a tenant's own topic, and on the one topic every tenant shares (where the
+    request names its tenant, and a message that names none is answered as `unknown`)."""
+    names = TopicNames.of(topic_names.prefix, tenant_topics)
+    cfg = fast_config(kafka_bootstrap, names, tmp_path, gpus=1,
+                      tenants=[tenant("a", max_concurrency=1)],
+                      kafka={"tenant_topics": tenant_topics})
     entries = list(poison_corpus(tenant="a", model="small", context_tokens=8192))
     replies, dead = names.replies("a"), names.deadletter
     with running(cfg, tmp_path) as system:

@@ -43,7 +43,8 @@ PARTITIONS = 3
 def _config(names: TopicNames, bootstrap: str) -> TriageConfig:
     data = overloaded().model_dump(mode="json")
     data["kafka"] = {"bootstrap_servers": bootstrap, "topic_prefix": names.prefix,
-                     "request_partitions": PARTITIONS}
+                     "request_partitions": PARTITIONS,
+                     "tenant_topics": "shared" if names.shared else "per_tenant"}
     return TriageConfig.model_validate(data)
 
 
@@ -58,9 +59,15 @@ def recorded() -> tuple[list[Arrival], list[DecisionRecord]]:
     return arrs, [DecisionRecord.from_bytes(line) for line in record(overloaded(), arrs)]
 
 
+@pytest.fixture(params=[False, True], ids=["per_tenant", "shared"])
+def names(topic_names: TopicNames, request: pytest.FixtureRequest) -> TopicNames:
+    """The test's prefix with a topic pair per tenant, or one pair for every tenant."""
+    return TopicNames(topic_names.prefix, shared=request.param)
+
+
 @pytest.fixture
 def topics(
-    kafka_bootstrap: str, topic_names: TopicNames,
+    kafka_bootstrap: str, names: TopicNames,
     recorded: tuple[list[Arrival], list[DecisionRecord]],
 ) -> int:
     """Produce the recording at t0 (10 minutes ago, on a whole second); return t0.
@@ -69,13 +76,13 @@ def topics(
     tokens would write them: the shapes come from the request topics, what completions
     generated from the completions topic."""
     arrs, decisions = recorded
-    cfg = _config(topic_names, kafka_bootstrap)
+    cfg = _config(names, kafka_bootstrap)
     # Requests spread over partitions; decisions on one, in the order the core made them
     # (the app runs with one: docs/architecture.md). Across partitions, two decisions of
     # the same millisecond could not be put back in their order.
     ensure_topics(kafka_bootstrap, [
-        replace(s, partitions=1) if s.name == topic_names.decisions else s
-        for s in topic_layout(cfg, topic_names)
+        replace(s, partitions=1) if s.name == names.decisions else s
+        for s in topic_layout(cfg, names)
     ])
     t0 = (int(time.time() * 1000) - 600_000) // 1000 * 1000
     shapes = {a.request_id: a for a in arrs}
@@ -85,14 +92,14 @@ def topics(
         req = InferenceRequest(request_id=a.request_id, tenant=a.tenant, model=a.model,
                                prompt_tokens=a.prompt_tokens, max_tokens=a.max_tokens,
                                created_at_ms=t0 + round(a.t * 1000))
-        _send(p, topic_names.requests(a.tenant), a.request_id, req.to_bytes(),
+        _send(p, names.requests(a.tenant), a.request_id, req.to_bytes(),
               t0 + round(a.t * 1000))
     for d in decisions:
         at = t0 + d.at_ms
         inputs = d.inputs.model_copy(update={"output_tokens": None, "prompt_tokens": None,
                                              "max_tokens": None})
         rec = d.model_copy(update={"at_ms": at, "inputs": inputs})
-        _send(p, topic_names.decisions, d.request_id, rec.to_bytes(), at)
+        _send(p, names.decisions, d.request_id, rec.to_bytes(), at)
         if d.reason is ReasonCode.COMPLETED:
             a = shapes[d.request_id]
             done = Completion(
@@ -102,19 +109,19 @@ def topics(
                 max_tokens=a.max_tokens, prefill_s=0.1, decode_s=0.5, started_at_ms=at - 600,
                 finished_at_ms=at,
             )
-            _send(p, topic_names.completions, "p", done.to_bytes(), at)
+            _send(p, names.completions, "p", done.to_bytes(), at)
     assert p.flush(30) == 0
     return t0
 
 
 def test_a_time_range_replays_from_the_topics(
-    kafka_bootstrap: str, topic_names: TopicNames, topics: int,
+    kafka_bootstrap: str, names: TopicNames, topics: int,
     recorded: tuple[list[Arrival], list[DecisionRecord]], tmp_path: Path,
 ) -> None:
     t0 = topics
     arrs, _ = recorded
-    cfg = _config(topic_names, kafka_bootstrap)
-    rec = read_kafka(bootstrap=kafka_bootstrap, names=topic_names, tenants=["a", "b"],
+    cfg = _config(names, kafka_bootstrap)
+    rec = read_kafka(bootstrap=kafka_bootstrap, names=names, tenants=["a", "b"],
                      since_ms=t0, until_ms=t0 + DURATION_S * 1000)
     assert len(rec.requests) == len(arrs)
     assert all(r.first is not None for r in rec.requests)
@@ -128,7 +135,7 @@ def test_a_time_range_replays_from_the_topics(
     assert loose.outcome_transitions.get("reject -> accept", 0) > 0
     assert all(k.endswith("-> accept") for k in loose.outcome_transitions)
 
-    part = read_kafka(bootstrap=kafka_bootstrap, names=topic_names, tenants=["a", "b"],
+    part = read_kafka(bootstrap=kafka_bootstrap, names=names, tenants=["a", "b"],
                       since_ms=t0 + 10_000, until_ms=t0 + 19_999)
     assert len(part.requests) == sum(10.0 <= a.t < 20.0 for a in arrs)
 
@@ -152,15 +159,15 @@ def test_a_time_range_replays_from_the_topics(
 
 
 def test_a_range_without_requests_replays_nothing(
-    kafka_bootstrap: str, topic_names: TopicNames, topics: int, tmp_path: Path,
+    kafka_bootstrap: str, names: TopicNames, topics: int, tmp_path: Path,
 ) -> None:
     t0 = topics
-    before = read_kafka(bootstrap=kafka_bootstrap, names=topic_names, tenants=["a", "b"],
+    before = read_kafka(bootstrap=kafka_bootstrap, names=names, tenants=["a", "b"],
                         since_ms=t0 - 7_200_000, until_ms=t0 - 3_600_000)
     assert before.requests == [] and before.scanned == 0
     cfg_file = tmp_path / "candidate.yaml"
     cfg_file.write_text(yaml.safe_dump(
-        _config(topic_names, kafka_bootstrap).model_dump(mode="json")))
+        _config(names, kafka_bootstrap).model_dump(mode="json")))
     res = CliRunner().invoke(app, ["replay", "-c", str(cfg_file), "--since", "2h",
                                    "--until", "1h"])
     assert res.exit_code == 1, res.output

@@ -37,7 +37,7 @@ from triage.client import TriageClient
 from triage.client.errors import ReplyTopicError
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, wait_for_metric
-from triage.kafka.acls import APP, WORKER, tenant_user
+from triage.kafka.acls import APP, FRONT_DOOR_GROUP_PREFIX, GATEWAY, WORKER, tenant_user
 from triage.kafka.clients import (
     make_admin,
     make_consumer,
@@ -212,6 +212,28 @@ def test_tenant_writes_its_requests_and_reads_its_replies(
     assert _produce(secure_broker, APP, names.replies("a")) is None  # the app answers
     got = _fetch(secure_broker, user, f"triage-client.a.{uuid.uuid4().hex[:8]}", names.replies("a"))
     assert got == [b'{"forged":true}']
+
+
+def test_with_shared_topics_only_the_front_door_writes_requests_and_reads_replies(
+    secure_broker: LocalBroker, tmp_path: Path
+) -> None:
+    """`kafka.tenant_topics: shared`: no tenant principal; the gateway's writes the one
+    request topic and reads the one reply topic, and nothing the app or workers own."""
+    names = TopicNames(f"s{uuid.uuid4().hex[:8]}", shared=True)
+    data = _config(secure_broker.bootstrap, names, tmp_path).model_dump(mode="json")
+    data["kafka"]["tenant_topics"] = "shared"
+    cfg = TriageConfig.model_validate(data)
+    create_topics(secure_broker.bootstrap, names, cfg)
+    secure_broker.provision(cfg, names)
+    assert _produce(secure_broker, GATEWAY, names.requests("")) is None
+    assert _produce(secure_broker, APP, names.replies("")) is None  # the app answers
+    got = _fetch(secure_broker, GATEWAY, f"{FRONT_DOOR_GROUP_PREFIX}{uuid.uuid4().hex[:8]}",
+                 names.replies(""))
+    assert got == [b'{"forged":true}']
+    forged = [names.replies(""), names.completions, names.gpu_status, names.gpu_work("g0"),
+              names.gpu_control("g0"), names.decisions, names.admission]
+    results = {t: _produce(secure_broker, GATEWAY, t) for t in forged}
+    assert {t for t, e in results.items() if not _refused(e)} == set()
 
 
 def test_every_forgery_from_issue_12_is_refused_by_the_broker(

@@ -218,7 +218,7 @@ def _rate(stamps_ms: list[int], since_ms: int) -> float:
 def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, run_dir: Path,
                  *, instances: int, latency_rate: float, latency_requests: int,
                  burst_requests: int, warmup_requests: int = 0) -> dict[str, Any]:
-    names = TopicNames(cfg.kafka.topic_prefix)
+    names = TopicNames.of(cfg.kafka.topic_prefix, cfg.kafka.tenant_topics)
     create_topics(server, names, cfg)
     ports = [cfg.metrics.admission_port, *(free_port() for _ in range(instances - 1))]
     admissions = [ChildProcess(f"admission-{i}", [
@@ -430,6 +430,8 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
             out.update({"repetitions": repetitions, "instances": instances, "pools": pools,
                         "shards": shards,
                         "tenants": tenants,
+                        "tenant_topics": (overrides or {}).get("kafka", {}).get(
+                            "tenant_topics", "per_tenant"),
                         "gpus": gpus, "burst_requests": burst_requests,
                         "latency_requests": latency_requests,
                         "warmup_requests": warmup_requests,

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import logging
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from triage.cli.common import ExitCode, bootstrap_option, fail, load_or_exit, require_broker
+
+
+class TenantTopics(StrEnum):
+    """`kafka.tenant_topics` of the bench's config."""
+
+    PER_TENANT = "per_tenant"
+    SHARED = "shared"
+
 
 app = typer.Typer(
     help=(
@@ -101,7 +110,13 @@ def pipeline(
     pools: int = typer.Option(1, min=1, help="Pools the GPUs are spread over (one model each)."),
     tenants: int = typer.Option(
         4, min=1, max=2_000, help="Tenants the requests are spread over (a request topic "
-        "each), to see the CPU per request stay flat as they grow."
+        "each, unless --tenant-topics shared), to see the CPU per request stay flat as they "
+        "grow."
+    ),
+    tenant_topics: TenantTopics = typer.Option(
+        TenantTopics.PER_TENANT, "--tenant-topics",
+        help="The app's kafka.tenant_topics: a request and a reply topic per tenant, or one "
+        "pair for every tenant."
     ),
     instances: int = typer.Option(
         1, min=1, help="Admission processes in one consumer group, sharing the app's shards "
@@ -156,7 +171,7 @@ def pipeline(
                   instances=instances, shards=shards,
                   repetitions=repetitions, broker_messages=broker_messages,
                   ceiling_messages=ceiling_messages, port=port, bootstrap=bootstrap,
-                  out_dir=out)
+                  out_dir=out, overrides={"kafka": {"tenant_topics": tenant_topics.value}})
     except LocalBrokerError as exc:
         raise fail(f"cannot start Kafka: {str(exc).splitlines()[0]}", ExitCode.UNAVAILABLE,
                    json_out=json_out) from None

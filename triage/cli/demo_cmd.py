@@ -86,7 +86,7 @@ def demo(
                           bootstrap=server, run_dir=run_dir)
         cfg_path = run_dir / "triage.yaml"
         cfg_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        names = TopicNames(cfg.kafka.topic_prefix)
+        names = TopicNames.of(cfg.kafka.topic_prefix, cfg.kafka.tenant_topics)
         created = create_topics(server, names, cfg)
         console.print(f"created {len(created.created)} topics under [bold]{names.prefix}.*[/]")
 

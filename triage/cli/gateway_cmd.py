@@ -55,9 +55,12 @@ def gateway(
 
     from triage.gateway.app import Gateway, create_app
     from triage.gateway.auth import KeysError, KeyStore
+    from triage.kafka.security import use_kafka_security
 
     try:
         cfg = load_config(config)
+        # its clients speak as kafka.security says (with shared topics: User:gateway)
+        use_kafka_security(cfg.kafka, bootstrap=bootstrap or None)
     except ConfigError as exc:
         raise _fail(str(exc)) from None
     g = cfg.gateway

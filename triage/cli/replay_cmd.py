@@ -168,7 +168,8 @@ def _read(
         return read_export(from_file, since_ms=since_ms, until_ms=until_ms)
     return read_kafka(
         bootstrap=config.kafka.bootstrap_servers,
-        names=TopicNames(topic_prefix or config.kafka.topic_prefix),
+        names=TopicNames.of(topic_prefix or config.kafka.topic_prefix,
+                            config.kafka.tenant_topics),
         tenants=[t.name for t in config.tenants], since_ms=since_ms, until_ms=until_ms,
         grace_s=grace, timeout_s=timeout_s,
     )

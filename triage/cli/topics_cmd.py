@@ -46,7 +46,7 @@ def create(
     problem = runnable_problem(cfg)
     if problem is not None:  # topics the app could not run on would outlive the mistake
         raise fail(problem, ExitCode.USAGE)
-    names = TopicNames(cfg.kafka.topic_prefix)
+    names = TopicNames.of(cfg.kafka.topic_prefix, cfg.kafka.tenant_topics)
     if dry_run:
         table = Table("topic", "partitions", "config", title="topic layout")
         for spec in topic_layout(cfg, names):

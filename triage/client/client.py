@@ -34,6 +34,7 @@ from triage.client.retry import RetryPlan, plan_retry
 from triage.client.router import ReplyRouter, Submission, UpdateCallback
 from triage.client.updates import AsyncTextStream, TextStream, aiter_updates, iter_updates
 from triage.config.models import TriageConfig
+from triage.kafka.acls import FRONT_DOOR_GROUP_PREFIX, client_group_prefix
 from triage.kafka.clients import make_consumer, make_producer, produce_waiting
 from triage.kafka.security import librdkafka_settings
 from triage.topics.messages import InferenceRequest, Reply
@@ -58,8 +59,9 @@ class TriageClient:
         self,
         *,
         bootstrap: str,
-        tenant: str,
+        tenant: str | None,
         topic_prefix: str = "triage",
+        shared_topics: bool = False,
         reply_timeout_s: float = DEFAULT_REPLY_TIMEOUT_S,
         retry: RetryPolicy | None = None,
         rng: random.Random | None = None,
@@ -74,8 +76,14 @@ class TriageClient:
         app (from_config derives them). None: read from the routes topic the app writes
         (topics/routing.py), and again, at most every ROUTES_REFRESH_S, for a model it
         does not name. A model with no route goes by key, and the app forwards it to its
-        shard (one more hop)."""
-        names = TopicNames(topic_prefix)
+        shard (one more hop).
+        `shared_topics`: the app runs with `kafka.tenant_topics: shared` (one request and
+        one reply topic for every tenant). Only there may `tenant` be None: one client
+        that sends for any tenant, as a front door such as the gateway does."""
+        if tenant is None and not shared_topics:
+            raise ValueError("a client for any tenant (tenant=None) needs the shared topic "
+                             "layout (kafka.tenant_topics: shared)")
+        names = TopicNames(topic_prefix, shared=shared_topics)
         common = dict(kafka_settings or {})
         self.tenant = tenant
         self._bootstrap = bootstrap
@@ -88,8 +96,8 @@ class TriageClient:
             self._read_routes()
         else:
             self._routes = dict(routes)
-        self.request_topic = names.requests(tenant)
-        self.reply_topic = names.replies(tenant)
+        self.request_topic = names.requests(tenant or "")  # shared: the one topic
+        self.reply_topic = names.replies(tenant or "")
         self.reply_timeout_s = reply_timeout_s
         self.retry_policy = retry or RetryPolicy()
         self._rng = rng or random.Random()
@@ -98,8 +106,8 @@ class TriageClient:
         consumer = make_consumer(
             bootstrap,
             # Never joins (assign, not subscribe) nor commits; unique so nothing is shared.
-            # "triage-client.<tenant>." is the tenant's group ACL prefix (kafka/acls.py).
-            group_id=f"triage-client.{tenant}.{uuid.uuid4().hex[:12]}",
+            # Under the tenant's (or the front door's) group ACL prefix (kafka/acls.py).
+            group_id=self._group_id(),
             # Low fetch wait: a reply is latency. "latest" only matters if retention ever deletes
             # the assigned start offset; old replies are never what a waiter wants.
             **{**common, "fetch.wait.max.ms": 50, "auto.offset.reset": "latest"},
@@ -113,14 +121,22 @@ class TriageClient:
             consumer.close()
             self._producer.flush(1.0)
             raise
-        log.debug("client for tenant %s ready on %s", tenant, self.reply_topic)
+        log.debug("client for tenant %s ready on %s", tenant or "(any)", self.reply_topic)
+
+    def _group_id(self) -> str:
+        """A unique group id under this client's ACL prefix (kafka/acls.py)."""
+        prefix = FRONT_DOOR_GROUP_PREFIX if self.tenant is None \
+            else client_group_prefix(self.tenant)
+        return f"{prefix}{uuid.uuid4().hex[:12]}"
 
     @classmethod
-    def from_config(cls, config: TriageConfig, *, tenant: str, **kwargs: Any) -> TriageClient:
-        """A client on the broker and topic prefix that ``config`` names."""
+    def from_config(cls, config: TriageConfig, *, tenant: str | None,
+                    **kwargs: Any) -> TriageClient:
+        """A client on the broker, topic prefix and topic layout that ``config`` names."""
         return cls(
             bootstrap=config.kafka.bootstrap_servers,
             topic_prefix=config.kafka.topic_prefix,
+            shared_topics=config.kafka.tenant_topics == "shared",
             tenant=tenant,
             **{"kafka_settings": librdkafka_settings(config.kafka.security),
                "routes": request_routes(config), **kwargs},
@@ -139,7 +155,7 @@ class TriageClient:
         """
         if self._closed:
             raise ClientClosedError("the client is closed")
-        if request.tenant != self.tenant:
+        if self.tenant is not None and request.tenant != self.tenant:
             raise WrongTenantError(
                 f"request {request.request_id} is for tenant {request.tenant!r}, "
                 f"this client sends for {self.tenant!r}"
@@ -174,7 +190,7 @@ class TriageClient:
         try:
             self._routes = read_routes(
                 self._bootstrap, self._names, settings=self._common,
-                group_id=f"triage-client.{self.tenant}.{uuid.uuid4().hex[:12]}")
+                group_id=self._group_id())
         except KafkaException as exc:  # requests go by key meanwhile: forwarded, not lost
             log.warning("could not read the routes (%s); requests go by key", exc)
 

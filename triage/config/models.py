@@ -293,6 +293,13 @@ class KafkaConfig(StrictModel):
     admission_partitions: Annotated[int, Field(ge=1)] = Field(
         1, description="Shards of the admission app: each pool lives on one partition "
         "(pools[*].partition), and the consumer group spreads partitions over instances.")
+    tenant_topics: Literal["per_tenant", "shared"] = Field(
+        "per_tenant", description="per_tenant: one request and one reply topic per tenant; "
+        "a tenant's identity is its topic, so each tenant can hold its own Kafka principal "
+        "(docs/security.md). shared: one request and one reply topic for every tenant, the "
+        "tenant named in each request: for a trusted front door (the gateway) in front of "
+        "many tenants, so the app's cost per request does not grow with the tenant count "
+        "(docs/architecture.md, \"One topic pair for every tenant\").")
     replication_factor: Annotated[int, Field(ge=1)] = 1
     decisions_retention_ms: Annotated[int, Field(ge=-1)] = 30 * 24 * 3600 * 1000
     default_retention_ms: Annotated[int, Field(ge=-1)] = 7 * 24 * 3600 * 1000

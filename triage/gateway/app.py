@@ -6,7 +6,8 @@ tenant's request topic and waits on the tenant's reply topic for the terminal re
 then answers as OpenAI would (replies.py). One TriageClient per tenant, created at the
 tenant's first request: one producer and one reply reader (a consumer on the tenant's
 reply topic) that hands each reply to the request waiting for it, by request_id, so
-the number of consumers is the number of tenants, not of requests.
+the number of consumers is the number of tenants, not of requests. With one topic pair
+for every tenant (`kafka.tenant_topics: shared`), one client serves every tenant.
 
 ``stream: true``: the request streams (workers publish token chunks as ``streaming``
 replies); the gateway holds the HTTP answer until the first token or the terminal reply,
@@ -89,7 +90,8 @@ class Gateway:
         self.keys = keys
         self.bootstrap = bootstrap or config.kafka.bootstrap_servers
         self.metrics = metrics or GatewayMetrics()
-        self._clients: dict[str, TriageClient] = {}
+        self._shared = config.kafka.tenant_topics == "shared"
+        self._clients: dict[str, TriageClient] = {}  # by tenant; shared topics: one, ""
         self._locks: dict[str, asyncio.Lock] = {}
         self._ready: tuple[float, bool] = (-READY_CACHE_S, False)
 
@@ -98,25 +100,27 @@ class Gateway:
     async def client_for(self, tenant: str) -> TriageClient:
         """The tenant's client, made at its first request (its constructor blocks on the
         broker's metadata, so it runs in a thread)."""
-        client = self._clients.get(tenant)
+        key = "" if self._shared else tenant
+        client = self._clients.get(key)
         if client is not None:
             return client
-        lock = self._locks.setdefault(tenant, asyncio.Lock())
+        lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            client = self._clients.get(tenant)
+            client = self._clients.get(key)
             if client is None:
                 client = await asyncio.to_thread(
-                    TriageClient, bootstrap=self.bootstrap, tenant=tenant,
+                    TriageClient, bootstrap=self.bootstrap, tenant=key or None,
                     topic_prefix=self.config.kafka.topic_prefix,
-                    routes=request_routes(self.config),
+                    shared_topics=self._shared, routes=request_routes(self.config),
                 )  # fmt: skip
-                self._clients[tenant] = client
+                self._clients[key] = client
         return client
 
     def _evict(self, tenant: str, client: TriageClient) -> None:
         """A client whose reader died is replaced at the tenant's next request."""
-        if self._clients.get(tenant) is client:
-            del self._clients[tenant]
+        key = "" if self._shared else tenant
+        if self._clients.get(key) is client:
+            del self._clients[key]
             asyncio.get_running_loop().run_in_executor(None, client.close)
 
     async def close(self) -> None:

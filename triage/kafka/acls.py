@@ -1,7 +1,9 @@
 """Who may do what on a secured broker: the ACL table, as data, and its application.
 
 One principal per role. `app` is the admission app, `worker` every GPU worker,
-`tenant-<name>` one tenant's clients, and `admin` the operator (a super user: topic
+`tenant-<name>` one tenant's clients (or, with one topic pair for every tenant,
+`kafka.tenant_topics: shared`, `gateway`: the front door that speaks for them all),
+and `admin` the operator (a super user: topic
 creation, audit, replay, user and ACL management). The table is a pure function of
 the config (its topic prefix, tenants and GPUs), so docs/security.md, the tests and
 the broker read the same thing. Everything not granted here is refused
@@ -31,7 +33,11 @@ from triage.topics.names import TopicNames
 ADMIN = "admin"
 APP = "app"
 WORKER = "worker"
+GATEWAY = "gateway"
 TENANT_PREFIX = "tenant-"
+# The consumer groups of a client that sends for any tenant (shared topics only). Tenant
+# clients' groups start "triage-client.", so a tenant can never take this prefix.
+FRONT_DOOR_GROUP_PREFIX = "triage-gateway."
 
 # Consumer groups, as the clients name them (client.py, worker.py and delivery.py).
 WORKER_GROUP_PREFIX = "triage-worker-"
@@ -75,7 +81,8 @@ class Grant:
 
 def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Grant]:
     """Every grant of the secured setup for `config`'s tenants, GPUs and topic prefix."""
-    n = names if names is not None else TopicNames(config.kafka.topic_prefix)
+    k = config.kafka
+    n = names if names is not None else TopicNames.of(k.topic_prefix, k.tenant_topics)
     gpus = config.all_gpus()
     gpu_work = [n.gpu_work(g) for g in gpus]
     gpu_control = [n.gpu_control(g) for g in gpus]
@@ -107,6 +114,16 @@ def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Gra
     lit(WORKER, [n.gpu_status, n.deadletter], "WRITE")
     pre(WORKER, "group", WORKER_GROUP_PREFIX, "READ", "DESCRIBE")
 
+    if n.shared:
+        # One request and one reply topic for every tenant: the app reads and answers
+        # them, and one front door writes for every tenant (it authenticates them).
+        lit(APP, [n.requests("")], "READ")
+        lit(APP, [n.replies("")], "WRITE")
+        lit(GATEWAY, [n.requests("")], "WRITE")
+        lit(GATEWAY, [n.replies(""), n.routes], "READ")
+        pre(GATEWAY, "group", FRONT_DOOR_GROUP_PREFIX, "READ", "DESCRIBE")
+        return grants
+
     # Tenants: write their request topic, read their reply topic and the routes (which
     # partition serves which model: no tenant's data), nothing else.
     for t in config.tenants:
@@ -119,6 +136,8 @@ def acl_table(config: TriageConfig, names: TopicNames | None = None) -> list[Gra
 
 def principals(config: TriageConfig) -> list[str]:
     """Every user the secured setup needs for `config` (admin first)."""
+    if config.kafka.tenant_topics == "shared":
+        return [ADMIN, APP, WORKER, GATEWAY]
     return [ADMIN, APP, WORKER, *(tenant_user(t.name) for t in config.tenants)]
 
 

@@ -86,7 +86,7 @@ def _read(
             log.warning("topic %s is not readable: %s", name, tmd.error.str())
     present = set(parts)
     wanted = {names.requests(t) for t in tenants}
-    wanted |= {t for t in present if names.tenant_of_request_topic(t)}
+    wanted |= {t for t in present if names.is_request_topic(t)}
     topics = sorted(t for t in wanted if t in present)
     if not topics:
         raise ReplaySourceError(
@@ -108,7 +108,7 @@ def _read(
                 recording.skipped["unparseable request"] += 1
             elif isinstance(parsed, Invalid):
                 recording.skipped["invalid request (schema)"] += 1
-            elif parsed.tenant != tenant:
+            elif tenant is not None and parsed.tenant != tenant:  # shared: as named
                 recording.skipped["tenant differs from its topic's (invalid)"] += 1
             else:
                 requests.append(_Request(parsed, m.timestamp_ms, i * 10_000 + m.partition,

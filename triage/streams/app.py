@@ -118,7 +118,7 @@ def build_app(
     problem = runnable_problem(config)
     if problem is not None:
         raise ValueError(problem)
-    names = TopicNames(k.topic_prefix)
+    names = TopicNames.of(k.topic_prefix, k.tenant_topics)
     use_kafka_security(k)  # every client this process builds speaks as kafka.security says
     create_topics(k.bootstrap_servers, names, config)
     app_id = f"{names.prefix}.app.{config.admission.app_id}"

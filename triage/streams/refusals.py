@@ -95,8 +95,8 @@ class Refusals:
         self.metrics.invalid.labels(tenant, problem.reason.value).inc()
         if not kept:
             self.dead_letter(topic, partition, offset, key, value, problem.detail, "gate", now)
-        if self.names.tenant_of_request_topic(topic) is None:
-            return  # not a tenant's topic: nobody to answer
+        if not self.names.is_request_topic(topic):
+            return  # not a request topic: nobody to answer
         model = problem.model or "unknown"
         reply = Reply(request_id=rid, tenant=tenant, status=ReplyStatus.INVALID,
                       reason=problem.reason, detail=problem.detail[:DETAIL_MAX],
@@ -150,7 +150,7 @@ class Refusals:
         way). Never raises."""
         detail = (f"internal error handling this message ({type(exc).__name__}: "
                   f"{safe_text(str(exc), 300)})")
-        tenant = self.names.tenant_of_request_topic(topic) if stage == "gate" else None
+        tenant = self.names.tenant_to_answer(topic, None) if stage == "gate" else None
         if tenant is not None and live_in_core is not None and policy is not None:
             try:
                 rid = answerable_id(value)

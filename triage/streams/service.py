@@ -27,6 +27,7 @@ from triage.topics.messages import (
     DeadLetterStage,
     GpuState,
     GpuStatus,
+    InferenceRequest,
     LiveRequest,
     LiveState,
     completions_in,
@@ -234,8 +235,9 @@ class AdmissionService(ServiceOutputs):
         self, topic: str, key: bytes | None, value: bytes | None, partition: int | None,
         offset: int | None, now: float, origin: Origin | None,
     ) -> None:
-        tenant = self.names.tenant_of_request_topic(topic) or "unknown"
+        topic_tenant = self.names.tenant_of_request_topic(topic)
         parsed = parse_request(value, max_bytes=self.config.admission.max_message_bytes)
+        tenant = topic_tenant or self._tenant_named(parsed)
         # an invalid message is answered by its model's shard too: only that shard knows
         # whether its id is fresh (one terminal reply per id)
         if origin is None and partition is not None and offset is not None:
@@ -256,7 +258,7 @@ class AdmissionService(ServiceOutputs):
             self._invalid(tenant, parsed, topic, partition, offset, key, value, now)
             return
         req = parsed
-        problem = check_request(req, self.config, tenant)
+        problem = check_request(req, self.config, topic_tenant)
         if problem is not None:
             self._invalid(tenant, problem, topic, partition, offset, key, value, now)
             return
@@ -399,6 +401,13 @@ class AdmissionService(ServiceOutputs):
         if now - self._gauges_at >= GAUGES_EVERY_S:
             self._gauges_at = now
             self._observe_gauges()
+
+    def _tenant_named(self, parsed: object) -> str:
+        """On the shared request topic, the configured tenant a request names (anything
+        else, `unknown`: a metric label per stray name would grow without bound)."""
+        named = parsed.tenant if isinstance(parsed, InferenceRequest) else None
+        return named if named is not None and self.config.tenant(named) is not None \
+            else "unknown"
 
     def _invalid(
         self, tenant: str, problem: Invalid, topic: str, partition: int | None,

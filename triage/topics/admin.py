@@ -72,17 +72,15 @@ def topic_layout(config: TriageConfig, names: TopicNames | None = None) -> list[
     topics have one partition: one worker per GPU, in order.
     """
     k = config.kafka
-    tn = names if names is not None else TopicNames(k.topic_prefix)
+    tn = names if names is not None else TopicNames.of(k.topic_prefix, k.tenant_topics)
     rf = k.replication_factor
     keep = {"cleanup.policy": "delete", "retention.ms": str(k.default_retention_ms)}
     specs: list[TopicSpec] = []
-    for t in config.tenants:
-        specs.append(
-            TopicSpec(tn.requests(t.name), TopicKind.REQUESTS, k.request_partitions, rf, keep)
-        )
-        specs.append(
-            TopicSpec(tn.replies(t.name), TopicKind.REPLIES, k.request_partitions, rf, keep)
-        )
+    # one pair per tenant, or one pair for every tenant (`kafka.tenant_topics: shared`)
+    pairs = {(tn.requests(t.name), tn.replies(t.name)): None for t in config.tenants}
+    for requests, replies in pairs:
+        specs.append(TopicSpec(requests, TopicKind.REQUESTS, k.request_partitions, rf, keep))
+        specs.append(TopicSpec(replies, TopicKind.REPLIES, k.request_partitions, rf, keep))
     specs.append(TopicSpec(tn.admission, TopicKind.ADMISSION, k.admission_partitions, rf, keep))
     for gpu in config.all_gpus():
         specs.append(TopicSpec(tn.gpu_work(gpu), TopicKind.GPU_WORK, 1, rf, keep))

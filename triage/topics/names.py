@@ -23,15 +23,23 @@ class TopicKind(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class TopicNames:
-    """Every topic name derives from the prefix (default ``triage``)."""
+    """Every topic name derives from the prefix (default ``triage``). `shared`: one
+    request and one reply topic for every tenant (`kafka.tenant_topics: shared`), where
+    each request names its tenant; otherwise each tenant has its own pair."""
 
     prefix: str = "triage"
+    shared: bool = False
+
+    @classmethod
+    def of(cls, topic_prefix: str, tenant_topics: str) -> TopicNames:
+        """The names a config's `kafka.topic_prefix` and `kafka.tenant_topics` give."""
+        return cls(topic_prefix, shared=tenant_topics == "shared")
 
     def requests(self, tenant: str) -> str:
-        return f"{self.prefix}.requests.{tenant}"
+        return f"{self.prefix}.requests" if self.shared else f"{self.prefix}.requests.{tenant}"
 
     def replies(self, tenant: str) -> str:
-        return f"{self.prefix}.replies.{tenant}"
+        return f"{self.prefix}.replies" if self.shared else f"{self.prefix}.replies.{tenant}"
 
     def gpu_work(self, gpu_id: str) -> str:
         return f"{self.prefix}.gpu.{gpu_id}.work"
@@ -71,9 +79,28 @@ class TopicNames:
 
     @property
     def requests_pattern(self) -> str:
-        """Regex matching every tenant's request topic (new tenants are picked up)."""
+        """Regex matching every tenant's request topic (new tenants are picked up), or
+        the one shared request topic."""
+        if self.shared:
+            return rf"^{re.escape(self.prefix)}\.requests$"
         return rf"^{re.escape(self.prefix)}\.requests\.[a-z0-9][a-z0-9_-]*$"
 
     def tenant_of_request_topic(self, topic: str) -> str | None:
+        """The tenant whose own request topic this is; None for any other topic, the
+        shared request topic included (its requests name their tenant)."""
         head = f"{self.prefix}.requests."
-        return topic[len(head) :] if topic.startswith(head) else None
+        return topic[len(head) :] if not self.shared and topic.startswith(head) else None
+
+    def is_request_topic(self, topic: str) -> bool:
+        """Does a client write requests to this topic (so a bad message on it is answered)?"""
+        if self.shared:
+            return topic == f"{self.prefix}.requests"
+        return self.tenant_of_request_topic(topic) is not None
+
+    def tenant_to_answer(self, topic: str, named: str | None) -> str | None:
+        """The tenant an answer to a message on `topic` goes to: the topic's own tenant,
+        or on the shared topic the tenant the message names (`unknown` when it names
+        none); None when `topic` is no request topic (nobody to answer)."""
+        if self.shared:
+            return (named or "unknown") if self.is_request_topic(topic) else None
+        return self.tenant_of_request_topic(topic)

@@ -97,7 +97,8 @@ class Worker:
         self.options = opts = options or WorkerOptions()
         self.bootstrap = opts.bootstrap or config.kafka.bootstrap_servers
         use_kafka_security(config.kafka, bootstrap=self.bootstrap)  # SASL/TLS, if configured
-        self.topics = opts.topics or TopicNames(config.kafka.topic_prefix)
+        self.topics = opts.topics or TopicNames.of(config.kafka.topic_prefix,
+                                                    config.kafka.tenant_topics)
         self.metrics = WorkerMetrics(gpu_id)
         self.metrics_port: int | None = None
         self.ready = threading.Event()  # set once it consumes
