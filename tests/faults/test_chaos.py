@@ -34,12 +34,19 @@ def chaos_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBrok
         broker.stop()
 
 
-@pytest.mark.parametrize("scenario", ALL, ids=[s.value for s in ALL])
+# One topic pair for every tenant (kafka.tenant_topics: shared) changes where requests
+# come from and replies go (the tenant is the request's): the faults that touch those.
+SHARED = [Scenario.APP_KILL, Scenario.POISON, Scenario.CONFIG]
+RUNS = [(s, "per_tenant") for s in ALL] + [(s, "shared") for s in SHARED]
+
+
+@pytest.mark.parametrize(("scenario", "tenant_topics"), RUNS,
+                         ids=[s.value + ("-shared" if t == "shared" else "") for s, t in RUNS])
 def test_no_request_is_lost_duplicated_or_run_twice(
-    chaos_broker: LocalBroker, scenario: Scenario, tmp_path: Path
+    chaos_broker: LocalBroker, scenario: Scenario, tenant_topics: str, tmp_path: Path
 ) -> None:
     plan = ChaosPlan.reduced(scenarios=[scenario], port=chaos_broker.port,
-                             secure_port=chaos_broker.port + 2)
+                             secure_port=chaos_broker.port + 2, tenant_topics=tenant_topics)
     res = run_scenario(scenario, plan, chaos_broker, tmp_path, print)
     assert res.ok, (res.notes, res.lost_ids, res.duplicate_ids)
     assert res.sent > 0 and res.faults >= 1

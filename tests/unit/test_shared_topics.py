@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from pydantic import ValidationError
 
+from triage.chaos.plan import ChaosPlan, Scenario
 from triage.client import TriageClient
 from triage.config.models import TriageConfig
 from triage.kafka.acls import (
@@ -99,3 +101,10 @@ def test_shared_acls_give_the_front_door_the_one_pair_and_tenants_nothing(
 def test_a_client_for_any_tenant_needs_shared_topics() -> None:
     with pytest.raises(ValueError, match="tenant_topics: shared"):
         TriageClient(bootstrap="127.0.0.1:1", tenant=None)
+
+
+def test_the_chaos_suite_runs_shared_topics_without_the_forgery_scenario() -> None:
+    plan = ChaosPlan.reduced(scenarios=[Scenario.APP_KILL], tenant_topics="shared")
+    assert plan.tenant_topics == "shared"
+    with pytest.raises(ValidationError, match="forgery scenario"):
+        ChaosPlan.reduced(scenarios=[Scenario.FORGERY], tenant_topics="shared")

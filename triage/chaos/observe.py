@@ -128,7 +128,9 @@ class Observer:
         self._follow: list[str] = []
         self._c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-observer",
                                 log_level=QUIET)
-        topics = [self.names.replies(t) for t in self.tenants] + [self.names.completions]
+        # one topic per tenant, or one for every tenant (kafka.tenant_topics: shared)
+        self._reply_topics = {self.names.replies(t) for t in self.tenants}
+        topics = [*sorted(self._reply_topics), self.names.completions]
         self._c.assign([*self._partitions(topics),
                         TopicPartition(self.names.deadletter, 0, OFFSET_BEGINNING)])
         self._thread = threading.Thread(target=self._run, name="chaos-observer", daemon=True)
@@ -158,9 +160,10 @@ class Observer:
         while not self._stop.is_set():
             with self._lock:
                 follow, self._follow = self._follow, []
-            if follow:
-                self._c.incremental_assign(self._partitions(
-                    [self.names.replies(t) for t in follow]))
+            new = {self.names.replies(t) for t in follow} - self._reply_topics
+            if new:
+                self._reply_topics |= new
+                self._c.incremental_assign(self._partitions(sorted(new)))
             for msg in self._c.consume(num_messages=500, timeout=0.2):
                 if msg.error() is not None:
                     continue

@@ -8,8 +8,9 @@ kind of fault at a steady pace while tenants send requests at `rate` per second.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Scenario(StrEnum):
@@ -55,6 +56,16 @@ class ChaosPlan(BaseModel):
     static_membership: bool = Field(True, description="admission.static_membership of the app.")
     session_timeout_s: float = Field(10.0, ge=6.0, le=300.0,
                                      description="admission.session_timeout_s of the app.")
+    tenant_topics: Literal["per_tenant", "shared"] = Field(
+        "per_tenant", description="kafka.tenant_topics of the app: a topic pair per tenant, "
+        "or one pair for every tenant (no tenant principals: no forgery scenario).")
+
+    @model_validator(mode="after")
+    def _forgery_needs_tenant_topics(self) -> Self:
+        if self.tenant_topics == "shared" and Scenario.FORGERY in self.scenarios:
+            raise ValueError("the forgery scenario checks tenants' own principals, which "
+                             "shared tenant topics do not have")
+        return self
 
     @classmethod
     def reduced(cls, **overrides: object) -> ChaosPlan:

@@ -56,7 +56,7 @@ def run_scenario(sc: Scenario, plan: ChaosPlan, broker: LocalBroker, run_dir: Pa
         return run_forgery(plan, say)
     run_dir.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex[:8]
-    names = TopicNames(f"chaos{tag}")
+    names = TopicNames.of(f"chaos{tag}", plan.tenant_topics)
     extra = config_tenants() if sc is Scenario.CONFIG else []
     cfg = chaos_config(broker.bootstrap, names, run_dir, {
         "static_membership": plan.static_membership, "session_timeout_s": plan.session_timeout_s},

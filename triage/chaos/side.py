@@ -16,6 +16,7 @@ from typing import Any
 from triage.chaos.observe import Observer
 from triage.chaos.poison import Expect, Poison, poison_corpus
 from triage.chaos.system import TENANT, TENANTS, System
+from triage.demo.processes import scrape
 from triage.kafka.clients import make_admin, make_producer, produce_waiting
 from triage.topics.messages import InferenceRequest
 from triage.topics.names import TopicNames
@@ -194,10 +195,18 @@ class ConfigFlow:
         self._send("removed-new", REMOVED, max(3, self._n_live // 2), 16)
         topic = self._names.replies(ADDED)
         admin = make_admin(self._bootstrap, log_level=2)
-        if self._wait(lambda: topic in admin.list_topics(timeout=10).topics, 60,
-                      "the added tenant's topics"):
+        ready = self._wait(lambda: topic in admin.list_topics(timeout=10).topics, 60,
+                           "the added tenant's topics")
+        if ready and self._names.shared:  # the topic was there all along: ask the app
+            ready = self._wait(self._app_knows_added, 60, "the app to adopt the added tenant")
+        if ready:
             self._obs.follow(ADDED)
             self._send("added", ADDED, self._n_added, 16)
+
+    def _app_knows_added(self) -> bool:
+        """The app's per-tenant gauges name the added tenant: it runs the new config."""
+        text = scrape(self._system.http + "/metrics") or ""
+        return f'triage_tenant_queue_depth{{tenant="{ADDED}"}}' in text
 
     def count(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = {}

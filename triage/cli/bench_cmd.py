@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import json
 import logging
-from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from triage.cli.common import ExitCode, bootstrap_option, fail, load_or_exit, require_broker
-
-
-class TenantTopics(StrEnum):
-    """`kafka.tenant_topics` of the bench's config."""
-
-    PER_TENANT = "per_tenant"
-    SHARED = "shared"
-
+from triage.cli.common import (
+    ExitCode,
+    TenantTopics,
+    bootstrap_option,
+    fail,
+    load_or_exit,
+    require_broker,
+)
 
 app = typer.Typer(
     help=(

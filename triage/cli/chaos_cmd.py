@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from rich.console import Console
 
 from triage.chaos.plan import ALL, ChaosPlan, Scenario
+from triage.cli.common import TenantTopics
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +39,10 @@ def chaos(
     secure_port: int = typer.Option(9394, help="Port of the secured broker the forgery "
                                     "scenario starts (controller on the next one)."),
     poison_rounds: int = typer.Option(None, help="Times the poison corpus is sent (full: 5)."),
+    tenant_topics: TenantTopics = typer.Option(
+        TenantTopics.PER_TENANT, "--tenant-topics", help="The app's kafka.tenant_topics: a "
+        "topic pair per tenant, or one pair for every tenant (then no forgery scenario: it "
+        "checks tenants' own principals)."),
     out: Path = typer.Option(Path("chaos-out"), help="Logs and the JSON report go here."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
@@ -47,8 +52,11 @@ def chaos(
     workers, tenants' requests at a steady rate, faults at evenly spaced times, and a
     drain until every request has its terminal reply. The forgery scenario starts a
     secured broker on --secure-port. Loopback only, bounded in time."""
+    shared = tenant_topics is TenantTopics.SHARED
+    every = [s for s in ALL if not (shared and s is Scenario.FORGERY)]
     overrides = {k: v for k, v in {
-        "scenarios": scenario or list(ALL), "rate": rate, "duration_s": duration,
+        "scenarios": scenario or every, "tenant_topics": tenant_topics.value, "rate": rate,
+        "duration_s": duration,
         "kills": kills, "broker_down_s": broker_down, "overload_s": overload_s, "port": port,
         "secure_port": secure_port, "poison_rounds": poison_rounds,
         "static_membership": static_membership, "session_timeout_s": session_timeout,

@@ -23,7 +23,7 @@ import logging
 import sys
 import traceback
 from collections.abc import Sequence
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,14 @@ from rich.text import Text
 from typer.core import TyperGroup
 
 from triage.config import ConfigError, TriageConfig, load_config
+
+
+class TenantTopics(StrEnum):
+    """`kafka.tenant_topics` as an option (`--tenant-topics`): the layout a command's own
+    system runs with (the bench's, the chaos suite's)."""
+
+    PER_TENANT = "per_tenant"
+    SHARED = "shared"
 
 
 class ExitCode(IntEnum):
