@@ -1,12 +1,16 @@
 """Measure the gateway on the local broker (not a test: prints one JSON object).
 
     .venv/bin/python tests/e2e/measure_gateway.py [--requests 200] [--concurrency 8]
+        [--tenants 1] [--tenant-topics per_tenant|shared]
 
 Starts the admission app, one sim worker and the gateway (as the e2e tests do, on their
 own topic prefix and free ports), then sends the same requests three ways: through the
 gateway with the official openai client (non-streamed, then streamed), and directly with
 TriageClient. Prints requests/s and latency percentiles of each, and time to first
-token of the streamed run, so the gateway's own cost is the difference.
+token of the streamed run, so the gateway's own cost is the difference. With
+`--tenants N` the gateway's requests go round-robin over N tenants' keys, and the
+gateway's threads, memory and CPU are printed: one client per tenant it has served, or
+one for all of them with `--tenant-topics shared`.
 """
 
 from __future__ import annotations
@@ -24,10 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import openai
-from harness import fast_config, free_port, running
+from harness import fast_config, gateway_running, running
 
 from triage.client import InferenceRequest, TriageClient
-from triage.demo.processes import ChildProcess, scrape
 from triage.gateway.auth import digest
 from triage.topics.admin import delete_topics
 from triage.topics.names import TopicNames
@@ -45,13 +48,20 @@ def summary(lat: list[float], wall: float) -> dict[str, float]:
             "p99_ms": round(pct(lat, 0.99), 1)}  # fmt: skip
 
 
-async def via_gateway(url: str, n: int, conc: int, stream: bool) -> dict[str, float]:
-    client = openai.AsyncOpenAI(base_url=url, api_key=KEY, max_retries=0, timeout=120)
+def key(i: int) -> str:
+    return f"{KEY}-{i}"
+
+
+async def via_gateway(url: str, n: int, conc: int, stream: bool,
+                      tenants: int = 1) -> dict[str, float]:
+    clients = [openai.AsyncOpenAI(base_url=url, api_key=key(i), max_retries=0, timeout=120)
+               for i in range(tenants)]
     sem = asyncio.Semaphore(conc)
     lat: list[float] = []
     ttft: list[float] = []
 
-    async def one() -> None:
+    async def one(i: int) -> None:
+        client = clients[i % tenants]
         async with sem:
             t0 = time.perf_counter()
             if stream:
@@ -67,18 +77,30 @@ async def via_gateway(url: str, n: int, conc: int, stream: bool) -> dict[str, fl
             lat.append(time.perf_counter() - t0)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.gather(*(one(i) for i in range(n)))
     out = summary(lat, time.perf_counter() - t0)
     if stream:
         out["ttft_p50_ms"] = round(pct(ttft, 0.5), 1)
-    await client.close()
+    for client in clients:
+        await client.close()
     return out
 
 
-async def direct(bootstrap: str, prefix: str, n: int, conc: int) -> dict[str, float]:
+def process_use(pid: int) -> dict[str, float]:
+    """Threads, resident memory and CPU seconds of a process, from /proc."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text()
+                  .splitlines() if ":" in line)
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return {"threads": int(status["Threads"]),
+            "rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1),
+            "cpu_s": round((int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"), 2)}
+
+
+async def direct(bootstrap: str, names: TopicNames, n: int, conc: int) -> dict[str, float]:
     sem = asyncio.Semaphore(conc)
     lat: list[float] = []
-    async with TriageClient(bootstrap=bootstrap, tenant="acme", topic_prefix=prefix) as c:
+    async with TriageClient(bootstrap=bootstrap, tenant="acme", topic_prefix=names.prefix,
+                            shared_topics=names.shared) as c:
 
         async def one() -> None:
             async with sem:
@@ -96,37 +118,39 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--tenants", type=int, default=1)
+    ap.add_argument("--tenant-topics", choices=["per_tenant", "shared"], default="per_tenant")
     args = ap.parse_args()
     bootstrap = os.environ.get("TRIAGE_TEST_BOOTSTRAP", "127.0.0.1:9092")
-    names = TopicNames(f"t{uuid.uuid4().hex[:8]}")
+    names = TopicNames.of(f"t{uuid.uuid4().hex[:8]}", args.tenant_topics)
     tmp = Path(tempfile.mkdtemp(prefix="triage-gw-measure-"))
-    tenant = {"name": "acme", "rate_tokens_per_s": 1e9, "burst_tokens": 1e9, "queue_max": 1000,
+    tenant = {"rate_tokens_per_s": 1e9, "burst_tokens": 1e9, "queue_max": 1000,
               "max_queue_wait_ms": 30_000, "sla_ms": 60_000}  # fmt: skip
-    cfg = fast_config(bootstrap, names, tmp, gpus=1, tenants=[tenant])
+    names_of = ["acme", *(f"acme{i}" for i in range(1, args.tenants))]
+    cfg = fast_config(bootstrap, names, tmp, gpus=1,
+                      tenants=[{"name": t, **tenant} for t in names_of],
+                      kafka={"tenant_topics": args.tenant_topics})
     keys = tmp / "keys.yaml"
-    keys.write_text(f"keys:\n  - tenant: acme\n    sha256: {digest(KEY).hex()}\n")
-    port = free_port()
-    gw = ChildProcess("gateway", ["gateway", "--config", str(tmp / "triage.yaml"), "--keys",
-                                  str(keys), "--port", str(port)], tmp / "gateway.log")
-    url = f"http://127.0.0.1:{port}/v1"
+    keys.write_text("keys:\n" + "".join(f"  - tenant: {t}\n    sha256: {digest(key(i)).hex()}\n"
+                                        for i, t in enumerate(names_of)))
+    n, conc, k = args.requests, args.concurrency, args.tenants
     try:
-        with running(cfg, tmp):
-            gw.start()
-            while scrape(f"http://127.0.0.1:{port}/live") is None:
-                time.sleep(0.2)
-            n, conc = args.requests, args.concurrency
-            asyncio.run(via_gateway(url, 10, conc, False))  # warm up: the tenant's client
-            out = {
-                "requests": n, "concurrency": conc,
-                "direct_client": asyncio.run(direct(bootstrap, names.prefix, n, conc)),
-                "gateway": asyncio.run(via_gateway(url, n, conc, False)),
-                "gateway_stream": asyncio.run(via_gateway(url, n, conc, True)),
+        with running(cfg, tmp), gateway_running(tmp, keys) as (gw, url):
+            assert gw.proc is not None
+            asyncio.run(via_gateway(url, max(10, k), conc, False, k))  # warm up: clients
+            out: dict[str, object] = {
+                "requests": n, "concurrency": conc, "tenants": k,
+                "tenant_topics": args.tenant_topics,
+                "direct_client": asyncio.run(direct(bootstrap, names, n, conc)),
+                "gateway": asyncio.run(via_gateway(url, n, conc, False, k)),
+                "gateway_stream": asyncio.run(via_gateway(url, n, conc, True, k)),
+                "gateway_process": process_use(gw.proc.pid),
             }  # fmt: skip
-            gw.stop()
     finally:
-        gw.stop()
         delete_topics(bootstrap, names.prefix)
-    out["overhead_p50_ms"] = round(out["gateway"]["p50_ms"] - out["direct_client"]["p50_ms"], 1)
+    gateway, direct_client = out["gateway"], out["direct_client"]
+    assert isinstance(gateway, dict) and isinstance(direct_client, dict)
+    out["overhead_p50_ms"] = round(gateway["p50_ms"] - direct_client["p50_ms"], 1)
     print(json.dumps(out))
 
 

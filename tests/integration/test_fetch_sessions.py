@@ -9,7 +9,9 @@ import asyncio
 import random
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 
+import pytest
 from aiokafka import AIOKafkaConsumer
 from confluent_kafka import Producer
 from confluent_kafka.admin import NewTopic
@@ -17,6 +19,7 @@ from confluent_kafka.admin import NewTopic
 from triage.kafka.clients import make_admin
 from triage.streams import fetch_sessions
 from triage.streams.fetch_sessions import SessionFetchRequest
+from triage.topics.admin import delete_topics
 
 TOPICS = 60
 RECORDS = 3000
@@ -30,7 +33,8 @@ def _create(bootstrap: str, names: list[str]) -> None:
 
 
 def _produce(bootstrap: str, names: list[str], start: int, n: int, rng: random.Random) -> None:
-    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    # idempotent: a retry on a fresh topic's leader election must not reorder the log
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2, "enable.idempotence": True})
     for i in range(start, start + n):
         p.produce(rng.choice(names), str(i).encode())
         if i % 500 == 0:
@@ -50,12 +54,21 @@ async def _read(consumer: AIOKafkaConsumer, seen: dict[str, list[int]], want: in
                 got += 1
 
 
+@pytest.fixture
+def names(kafka_bootstrap: str) -> Iterator[list[str]]:
+    """TOPICS one-partition topics under a fresh prefix, deleted after the test."""
+    prefix = f"fsess-{uuid.uuid4().hex[:8]}"
+    topics = [f"{prefix}.t{i}" for i in range(TOPICS)]
+    _create(kafka_bootstrap, topics)
+    try:
+        yield topics
+    finally:
+        delete_topics(kafka_bootstrap, prefix)
+
+
 def test_a_consumer_in_a_fetch_session_reads_every_record_once_and_names_only_changes(
-    kafka_bootstrap: str,
+    kafka_bootstrap: str, names: list[str],
 ) -> None:
-    tag = uuid.uuid4().hex[:8]
-    names = [f"fsess-{tag}.t{i}" for i in range(TOPICS)]
-    _create(kafka_bootstrap, names)
     rng = random.Random(7)
     sizes: list[int] = []  # partitions named by each in-session request
     build = SessionFetchRequest.build
@@ -68,7 +81,7 @@ def test_a_consumer_in_a_fetch_session_reads_every_record_once_and_names_only_ch
 
     async def run() -> tuple[dict[str, list[int]], fetch_sessions.SessionClient]:
         consumer = AIOKafkaConsumer(
-            *names, bootstrap_servers=kafka_bootstrap, group_id=f"fsess-{tag}",
+            *names, bootstrap_servers=kafka_bootstrap, group_id=names[0].split(".")[0],
             auto_offset_reset="earliest", fetch_max_wait_ms=20, enable_auto_commit=False,
         )
         await consumer.start()
