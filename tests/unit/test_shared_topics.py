@@ -42,9 +42,8 @@ def test_shared_names_are_one_pair_whatever_the_tenant() -> None:
     assert n.tenant_of_request_topic("triage.requests.acme") is None
     assert n.is_request_topic("triage.requests")
     assert not n.is_request_topic("triage.completions")
-    assert n.tenant_to_answer("triage.requests", "acme") == "acme"
-    assert n.tenant_to_answer("triage.requests", None) == "unknown"
-    assert n.tenant_to_answer("triage.completions", "acme") is None
+    assert n.tenant_to_answer("triage.requests") == "unknown"
+    assert n.tenant_to_answer("triage.completions") is None
 
 
 def test_per_tenant_names_are_unchanged() -> None:
@@ -55,8 +54,8 @@ def test_per_tenant_names_are_unchanged() -> None:
     assert n.tenant_of_request_topic("triage.requests.acme") == "acme"
     assert n.is_request_topic("triage.requests.acme")
     assert not n.is_request_topic("triage.requests")
-    # the topic's tenant, whatever the message names (a mismatch is answered `invalid`)
-    assert n.tenant_to_answer("triage.requests.acme", "beta") == "acme"
+    # the topic's own tenant (a payload naming another is answered `invalid`)
+    assert n.tenant_to_answer("triage.requests.acme") == "acme"
 
 
 def test_a_shared_layout_has_one_request_and_one_reply_topic(

@@ -100,7 +100,7 @@ class Gateway:
     async def client_for(self, tenant: str) -> TriageClient:
         """The tenant's client, made at its first request (its constructor blocks on the
         broker's metadata, so it runs in a thread)."""
-        key = "" if self._shared else tenant
+        key = self._key(tenant)
         client = self._clients.get(key)
         if client is not None:
             return client
@@ -116,9 +116,13 @@ class Gateway:
                 self._clients[key] = client
         return client
 
+    def _key(self, tenant: str) -> str:
+        """The client of `tenant`: its own, or with shared topics the one for all ("")."""
+        return "" if self._shared else tenant
+
     def _evict(self, tenant: str, client: TriageClient) -> None:
         """A client whose reader died is replaced at the tenant's next request."""
-        key = "" if self._shared else tenant
+        key = self._key(tenant)
         if self._clients.get(key) is client:
             del self._clients[key]
             asyncio.get_running_loop().run_in_executor(None, client.close)

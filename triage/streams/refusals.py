@@ -150,7 +150,7 @@ class Refusals:
         way). Never raises."""
         detail = (f"internal error handling this message ({type(exc).__name__}: "
                   f"{safe_text(str(exc), 300)})")
-        tenant = self.names.tenant_to_answer(topic, None) if stage == "gate" else None
+        tenant = self.names.tenant_to_answer(topic) if stage == "gate" else None
         if tenant is not None and live_in_core is not None and policy is not None:
             try:
                 rid = answerable_id(value)

@@ -97,10 +97,10 @@ class TopicNames:
             return topic == f"{self.prefix}.requests"
         return self.tenant_of_request_topic(topic) is not None
 
-    def tenant_to_answer(self, topic: str, named: str | None) -> str | None:
-        """The tenant an answer to a message on `topic` goes to: the topic's own tenant,
-        or on the shared topic the tenant the message names (`unknown` when it names
-        none); None when `topic` is no request topic (nobody to answer)."""
+    def tenant_to_answer(self, topic: str) -> str | None:
+        """The tenant an answer to an unreadable message on `topic` goes under: the
+        topic's own, `unknown` on the shared topic (clients match replies by request
+        id), None when `topic` is no request topic (nobody to answer)."""
         if self.shared:
-            return (named or "unknown") if self.is_request_topic(topic) else None
+            return "unknown" if self.is_request_topic(topic) else None
         return self.tenant_of_request_topic(topic)
