@@ -68,6 +68,15 @@ def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     assert survivor.take_over(0) == Committed(0, 0)  # a shard nobody wrote
 
 
+def _writing_shard_1(bootstrap: str, transactional_id: str, marks: str) -> KafkaOutbox:
+    """An outbox started as the owner of shard 1 of two."""
+    outbox = KafkaOutbox(bootstrap, transactional_id=transactional_id, marks_topic=marks,
+                         shards=2)
+    outbox.start()
+    outbox.mark_partitions.add(1)
+    return outbox
+
+
 def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -> None:
     """A process whose transactional id a newer owner took over (it was frozen while its
     shard moved) must not re-initialize and send the batch anyway: the batch's outputs
@@ -76,10 +85,7 @@ def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -
     tag = uuid.uuid4().hex[:8]
     marks, work = f"fenced-{tag}.outbox", f"fenced-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
-    zombie = KafkaOutbox(kafka_bootstrap, transactional_id=f"fenced-{tag}.outbox.instance-i0",
-                         marks_topic=marks, shards=2)
-    zombie.start()
-    zombie.mark_partitions.add(1)
+    zombie = _writing_shard_1(kafka_bootstrap, f"fenced-{tag}.outbox.instance-i0", marks)
     zombie.publish(1, [(work, b"k", b"before", 1, None)])
     newer = Producer({"bootstrap.servers": kafka_bootstrap,
                       "transactional.id": f"fenced-{tag}.outbox.instance-i0"})
@@ -106,3 +112,31 @@ def test_a_writer_killed_after_its_outputs_are_written_is_fenced_on_takeover(
                      [(7, "work", "work", "w7"), (8, "work", "work", "w8,last output")],
                      last="last output")
     _held_then_released(kafka_bootstrap, marks, work, f"killed-{tag}.outbox.instance-i1")
+
+
+def test_a_batch_whose_sender_left_the_group_during_its_marks_is_not_committed(
+    kafka_bootstrap: str,
+) -> None:
+    """Frozen between the guard's check and its marks, a process finds no open transaction
+    fenced on waking, since a takeover during the freeze saw none: the membership check
+    asked once the marks are out (lapse.py, SendCheck) must abort the batch, or the
+    batch the new owner re-sent is answered twice (the frozen-owner test, once in CI)."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"lapsed-{tag}.outbox", f"lapsed-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    sender = _writing_shard_1(kafka_bootstrap, f"lapsed-{tag}.outbox.instance-i0", marks)
+    asked: list[int] = []
+
+    def listed() -> bool:
+        asked.append(1)
+        return True
+
+    sender.publish(1, [(work, b"k", b"before", 1, None)], still_member=listed)
+    with pytest.raises(OutboxFencedError, match="no longer lists"):
+        sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=lambda: False)
+    assert asked == [1]
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
+    # nothing left open: the shard's next owner reads batch 1 as the last committed
+    survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"lapsed-{tag}.outbox.instance-i1",
+                           marks_topic=marks, shards=2)
+    assert survivor.take_over(1) == Committed(1, 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
-from triage.streams.lapse import LapseGuard
+from triage.streams.lapse import LapseGuard, SendCheck
 
 
 class Clock:
@@ -109,3 +109,41 @@ def test_a_check_overtaken_by_a_rebalance_drops_nothing() -> None:
 
     assert asyncio.run(run()) is True
     assert not lapses and not guard.lapsed
+
+
+def _send_check(clock: Clock, listed: set[str], asked: list[str],
+                member_id: str | None = "m-1") -> SendCheck:
+    def is_member(member: str) -> bool:
+        asked.append(member)
+        if member == "unreachable":
+            raise RuntimeError("broker unreachable")
+        return member in listed
+
+    return SendCheck(member_id, clock(), 3.0, is_member, clock)
+
+
+def test_a_batch_sent_soon_after_the_check_asks_nothing() -> None:
+    clock, asked = Clock(), []
+    check = _send_check(clock, set(), asked)
+    clock.t += 2.9  # within half the session timeout: the marks were written promptly
+    assert check() is True and asked == []
+
+
+def test_a_freeze_before_the_marks_asks_the_broker_with_the_member_id_held_before_it() -> None:
+    """Frozen between the check and the marks: the group removed this member (a takeover
+    re-sent the batch), so the thread must not commit it; still listed, it goes on."""
+    clock, asked = Clock(), []
+    gone = _send_check(clock, {"m-2"}, asked)  # rejoined as m-2 since: m-1 is gone
+    kept = _send_check(clock, {"m-1"}, asked)
+    clock.t += 20.0
+    assert gone() is False and kept() is True
+    assert asked == ["m-1", "m-1"]
+
+
+def test_a_send_check_that_cannot_tell_carries_on() -> None:
+    clock, asked = Clock(), []
+    unknown = _send_check(clock, set(), asked, member_id=None)  # no consumer yet
+    unreachable = _send_check(clock, set(), asked, member_id="unreachable")
+    clock.t += 20.0
+    assert unknown() is True and unreachable() is True
+    assert asked == ["unreachable"]

@@ -6,6 +6,7 @@ batch, and the committer never lets Faust commit offsets past replies still owed
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from triage.streams.outbox import (
     BatchedOutbox,
     Lane,
     ListOutbox,
+    OutboxFencedError,
     OutboxStoppedError,
     Output,
 )
@@ -142,7 +144,10 @@ class _Outbox(BatchedOutbox):
         self.txns: list[tuple[str, int, list[bytes]]] = []
         self.fail_replies = False
 
-    def publish(self, seq: int, batch: list[Output], lane: Lane = "work") -> None:
+    def publish(self, seq: int, batch: list[Output], lane: Lane = "work",
+                still_member: Callable[[], bool] | None = None) -> None:
+        if still_member is not None and not still_member():
+            raise OutboxFencedError(f"batch {seq}")
         if lane == "replies" and self.fail_replies:
             raise OutboxStoppedError("stopped")
         self.txns.append((lane, seq, [o[2] for o in batch]))
@@ -312,3 +317,44 @@ def test_replies_ride_with_their_work_only_when_they_touch_few_partitions() -> N
     assert combine(many[:limit])
     named = [("triage.replies.a", b"r", b"{}", i % 2, None) for i in range(50)]
     assert combine(named, partitions_per_topic=2)
+
+
+def test_each_lane_asks_its_send_check_and_a_lapsed_one_exits_sending_nothing(
+    split_always: None, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The committer asks the guard right before each hand-off and gives the outbox a
+    check made then (lapse.py, SendCheck) on both lanes. A check that says the group
+    went on without this process ends it as a zombie, with the batch not committed."""
+    exits: list[str] = []
+
+    def exit_as_zombie(why: str) -> None:
+        exits.append(why)
+        raise SystemExit(75)
+
+    monkeypatch.setattr(committer_module, "exit_as_zombie", exit_as_zombie)
+    events: list[str] = []
+    listed = [True]
+
+    async def deciding() -> bool:
+        events.append("deciding")
+        return True
+
+    def send_check() -> Any:
+        events.append("check made")
+        return lambda: listed[0]
+
+    async def run() -> tuple[list[Any], Committed]:
+        committer, out = _committer()
+        committer.deciding, committer.send_check = deciding, send_check
+        _stage(out, 1)
+        await committer.drain()  # work, then replies: each made its own check
+        listed[0] = False
+        _stage(out, 2)
+        with pytest.raises(SystemExit):
+            await committer.drain()
+        return out.txns, out.lane_confirmed
+
+    txns, confirmed = asyncio.run(run())
+    assert [t[:2] for t in txns] == [("work", 1), ("replies", 1)]
+    assert events[:6] == ["deciding", "deciding", "check made"] * 2
+    assert confirmed == Committed(1, 1) and len(exits) == 1

@@ -56,6 +56,7 @@ from triage.streams.gaps import GapGuard, Record, committed_offsets, read_again
 from triage.streams.health import Health
 from triage.streams.lapse import (
     LapseGuard,
+    SendCheck,
     coordinator_member_id,
     member_of_group,
     missed_a_rebalance,
@@ -174,6 +175,14 @@ def build_app(
 
     lapse = LapseGuard(config.admission.session_timeout_s, still_member, on_lapse)
     committer.deciding = lapse.deciding
+
+    def is_member(member_id: str) -> bool:
+        return member_of_group(k.bootstrap_servers, app_id, member_id)
+
+    def send_check() -> SendCheck:
+        return SendCheck(coordinator_member_id(app), time.monotonic(), lapse.gap_s, is_member)
+
+    committer.send_check = send_check
     adopting = asyncio.Lock()
     admission = AdmissionApp(app=app, shards=shards, outbox=outbox, names=names,
                              request_topic=request_topic, config_path=config_path,

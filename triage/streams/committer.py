@@ -14,7 +14,13 @@ import faust
 
 from triage.streams.changelog import ChangelogLostError, ChangelogProducer
 from triage.streams.health import Health
-from triage.streams.outbox import KafkaOutbox, OutboxFencedError, OutboxStoppedError, Output
+from triage.streams.outbox import (
+    KafkaOutbox,
+    Lane,
+    OutboxFencedError,
+    OutboxStoppedError,
+    Output,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +89,9 @@ class Committer:
         self.last_commit_s = 0.0  # how long the last batch's transaction took
         # False while this process may not decide (lapse.py): nothing staged is sent
         self.deciding: Callable[[], Awaitable[bool]] | None = None
+        # made right after `deciding` passed, asked by the outbox once a batch's marks
+        # are on the broker (lapse.py, SendCheck)
+        self.send_check: Callable[[], Callable[[], bool]] | None = None
 
     def install(self) -> None:
         if self._faust_flush is not None:
@@ -132,7 +141,7 @@ class Committer:
             if work:
                 started = time.monotonic()
                 try:
-                    await asyncio.to_thread(outbox.publish, seq, work, "both" if both else "work")
+                    await self._publish(seq, work, "both" if both else "work")
                 except OutboxFencedError as exc:
                     exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
                 self.last_commit_s = time.monotonic() - started
@@ -158,7 +167,7 @@ class Committer:
             self.health.replying_since = time.monotonic()
             try:
                 if outputs:
-                    await asyncio.to_thread(outbox.publish, seq, outputs, "replies")
+                    await self._publish(seq, outputs, "replies")
             except OutboxFencedError as exc:
                 exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
             except BaseException:
@@ -167,6 +176,18 @@ class Committer:
             finally:
                 self.health.replying_since = None
             outbox.confirm(seq, work=False)
+
+    async def _publish(self, seq: int, outputs: list[Output], lane: Lane) -> None:
+        """One batch to the outbox's thread, asked once more whether this process may
+        still decide, so the check the thread makes later covers only the freeze after
+        this point (lapse.py, SendCheck)."""
+        still_member = None
+        if self.deciding is not None:
+            if not await self.deciding():
+                raise OutboxFencedError(f"batch {seq}: no longer a member of its group")
+            if self.send_check is not None:
+                still_member = self.send_check()
+        await asyncio.to_thread(self.outbox.publish, seq, outputs, lane, still_member)
 
     async def _flush_changelog(self) -> None:
         """Faust's own flush and the tables' changelog writer's, retried through broker

@@ -20,6 +20,7 @@ lane's, and recovery re-sends each output whose own lane had not committed its b
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -131,11 +132,13 @@ class TxnLane:
         return self._retry("start the transactional producer", make)
 
     def publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: set[int],
-                     stopping: Callable[[], bool], also_marks: str | None = None) -> None:
+                     stopping: Callable[[], bool], also_marks: str | None = None,
+                     still_member: Callable[[], bool] | None = None) -> None:
         """One transaction: the marks (on `also_marks` too: the other lane's, when this
         transaction carries its outputs as well), then the outputs (raises
-        OutboxFencedError when a newer owner took this id over; other errors leave a
-        fresh or aborted producer)."""
+        OutboxFencedError when a newer owner took this id over, or when `still_member`,
+        asked once the marks are on the broker, says the group went on without this
+        process; other errors leave a fresh or aborted producer)."""
         p = self.producer
         if p is None:
             raise RuntimeError("TxnLane.publish_once before start()")
@@ -152,6 +155,14 @@ class TxnLane:
                     produce(p, topic, mark, MARK_KEY, shard)
             if mark_partitions and p.flush(30.0):
                 raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "writing the mark"))
+            if still_member is not None and not still_member():
+                # frozen between the guard's check and the mark (lapse.py, SendCheck): a
+                # takeover meanwhile saw no open transaction, so it did not fence this id
+                # and re-sent the batch itself; committing it would answer it twice
+                with contextlib.suppress(KafkaException):
+                    p.abort_transaction(30.0)
+                raise OutboxFencedError(f"batch {seq}: the group no longer lists this "
+                                        "process (frozen past its session timeout)")
             for topic, key, value, partition, headers in batch:
                 produce(p, topic, value, key, partition,
                         headers=headers)

@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from triage.kafka.clients import make_admin
@@ -88,6 +89,40 @@ class LapseGuard:
         self._epoch += 1
         self.lapsed = False
         self._last = self._clock()
+
+
+@dataclass(frozen=True)
+class SendCheck:
+    """Made in the event loop as the committer hands a batch to the outbox's thread, right
+    after the guard said this process may decide; asked by that thread once the batch's
+    marks are on the broker (lanes.py, `TxnLane.publish_once`).
+
+    Why: a freeze between the guard's check and the marks is not seen by either fence. A
+    takeover during it finds no open transaction on the marks partition, so it fences
+    nobody and re-sends the batch from the tables itself; the woken thread would then
+    commit the same batch again (4 of 900 requests answered twice, once in CI). So when
+    more than the guard's gap has passed since the check, the member id held then must
+    still be listed by the broker. Once the marks are on the broker, a later takeover
+    sees the transaction open and fences it, so no later question is needed. A check the
+    broker cannot answer carries on, as the guard's does."""
+
+    member_id: str | None
+    since: float
+    gap_s: float
+    is_member: Callable[[str], bool]
+    clock: Callable[[], float] = time.monotonic
+
+    def __call__(self) -> bool:
+        gap = self.clock() - self.since
+        if not self.member_id or gap <= self.gap_s:
+            return True
+        log.warning("a batch reached the broker %.1f s after the last check that this "
+                    "instance is a member of its group: checking again before committing", gap)
+        try:
+            return self.is_member(self.member_id)
+        except Exception as exc:
+            log.warning("could not check the group membership (%s): carrying on", exc)
+            return True
 
 
 def coordinator_member_id(app: Any) -> str | None:
