@@ -20,10 +20,20 @@ from triage.admission.policy import ORDER_FAIR, ORDER_FIFO
 _ALL: Final = ""  # single-lane orders: every tenant shares one lane
 
 
+def _before(entry: object, last: object) -> bool:
+    """Does lane entry `entry` sort before `last` (None: nothing is before it)?"""
+    if last is None:
+        return False
+    a = cast(tuple[int, float, int, Pending], entry)
+    b = cast(tuple[int, float, int, Pending], last)
+    return (a[0], a[1], a[2]) < (b[0], b[1], b[2])
+
+
 class PoolQueue:
     """Waiting requests of one pool."""
 
     __slots__ = (
+        "_behind_memo",
         "_expiry",
         "_lane_heap",
         "_lane_ver",
@@ -57,6 +67,9 @@ class PoolQueue:
         self._lanes: dict[str, list[tuple[int, float, int, Pending]]] = {}
         self._lane_heap: list[tuple[int, float, float, int, int, str]] = []
         self._lane_ver: dict[str, int] = {}
+        # what `behind` last found in each lane: (head's seq, n, requests, the last one's
+        # entry), dropped when a change in the lane could change it
+        self._behind_memo: dict[str, tuple[int, int, list[Pending], object]] = {}
         self._expiry: list[tuple[float, int, Pending]] = []
 
     def __len__(self) -> int:
@@ -84,6 +97,9 @@ class PoolQueue:
             lane = self._lanes[lane_key] = []
         entry = (0, float(p.seq), p.seq, p) if self.fifo else (p.cls, p.deadline, p.seq, p)
         heappush(lane, entry)
+        memo = self._behind_memo.get(lane_key)
+        if memo is not None and (len(memo[2]) < memo[1] or _before(entry, memo[3])):
+            del self._behind_memo[lane_key]  # it lands among the requests behind the head
         if lane[0][2] == p.seq:  # it became the lane's head (compare seqs, not identity:
             self._touch_lane(lane_key, service)  # compiled code re-boxes tuples)
         heappush(self._expiry, (p.expires_at, p.seq, p))
@@ -175,6 +191,10 @@ class PoolQueue:
             del self.tenant_count[t]
         self.work_s = max(0.0, self.work_s - work_s)
         self.tenant_work_s[t] = max(0.0, self.tenant_work_s.get(t, 0.0) - work_s)
+        lane_key = _ALL if self.single else t
+        memo = self._behind_memo.get(lane_key)
+        if memo is not None and (memo[0] == p.seq or p in memo[2]):
+            del self._behind_memo[lane_key]
         if self.single:
             self._touch_lane(_ALL, service)
         elif not rekeyed:
@@ -189,12 +209,22 @@ class PoolQueue:
         """Up to `n` requests that follow `head` in its own lane, in lane order (head is
         the lane's head). A dispatch pass tries them when the head is blocked, so one
         request waiting for room does not block the later ones of its lane that fit.
-        O(n log m): the entries are popped and pushed back."""
-        lane = self._lanes.get(_ALL if self.single else head.tenant)
+        O(n log m): the entries are popped and pushed back.
+
+        Remembered until a push or a removal in the lane could change the answer (`push`,
+        `remove`): a blocked head is looked behind on every dispatch pass, and finding
+        the same requests again cost 21% of a saturated `tenants13@100` run under the
+        full policy. The caller only reads the list."""
+        lane_key = _ALL if self.single else head.tenant
+        memo = self._behind_memo.get(lane_key)
+        if memo is not None and memo[0] == head.seq and memo[1] == n:
+            return memo[2]
+        lane = self._lanes.get(lane_key)
         out: list[Pending] = []
         if not lane:
             return out
         popped: list[tuple[int, float, int, Pending]] = []
+        last: object = None
         while lane and len(out) < n:
             entry = heappop(lane)
             _, _, seq, p = entry
@@ -203,8 +233,10 @@ class PoolQueue:
             popped.append(entry)
             if p is not head:
                 out.append(p)
+                last = entry
         for entry in popped:
             heappush(lane, entry)
+        self._behind_memo[lane_key] = (head.seq, n, out, last)
         return out
 
     def pop_expired(self, now: float) -> list[Pending]:
