@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from triage.cli.main import app
@@ -59,3 +60,28 @@ def test_bench_sim_prints_one_json_object() -> None:
     out = json.loads(res.stdout)
     assert out["requests"] == 3000 and out["conserved"]
     assert out["requests_per_s"] > 0 and out["peak_rss_mb"] > 0
+
+
+def test_bench_policies_times_each_policy_against_the_first() -> None:
+    res = runner.invoke(app, ["bench", "policies", "tenants13@100", "--json", "--scale",
+                              "0.01", "--repetitions", "2", "-p", "admit_all,full"])
+    assert res.exit_code == 0, res.output
+    out = _json(res.stdout)
+    rows = out["policies"]
+    assert list(rows) == ["admit_all", "full"] and out["repetitions"] == 2
+    assert rows["admit_all"]["ratio"] == 1.0
+    for row in rows.values():
+        assert len(row["cpu_s_all"]) == 2 and row["cpu_s"] == min(row["cpu_s_all"]) > 0
+    assert rows["full"]["requests"] == rows["admit_all"]["requests"] > 0  # same arrivals
+
+
+def test_bench_policies_refuses_an_unknown_policy_before_running_any(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from triage.bench import policy_time
+
+    ran: list[str] = []
+    monkeypatch.setattr(policy_time, "run_policy", lambda sc, p: ran.append(p))
+    res = runner.invoke(app, ["bench", "policies", "tenants13", "-p", "full,bogus"])
+    assert res.exit_code == 2 and "unknown policy 'bogus'" in res.output
+    assert ran == []

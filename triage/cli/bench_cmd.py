@@ -21,7 +21,8 @@ from triage.cli.common import (
 app = typer.Typer(
     help=(
         "Benchmarks: `core` times the admission core alone (no I/O), `sim` the simulator's "
-        "throughput and memory, `pipeline` the whole app on a broker beside the broker's and "
+        "throughput and memory, `policies` each policy's simulation cost on a scenario, "
+        "`pipeline` the whole app on a broker beside the broker's and "
         "the Faust engine's ceilings (latency, decisions and completions/s, CPU per "
         "request, ratios). Each prints a short report, or one JSON object with --json. "
         "Figures in README.md were taken with these."
@@ -65,6 +66,40 @@ def sim(
         )
     if prof:
         typer.echo(prof, err=True)
+
+
+@app.command("policies")
+def policies(
+    scenario: str = typer.Argument(..., help="Shipped scenario name (NAME@LOAD too) or a "
+                                   "scenario YAML file."),
+    policy_list: str = typer.Option(
+        "admit_all,full", "--policies", "-p",
+        help="Comma-separated policies; ratios are to the first."),
+    repetitions: int = typer.Option(2, "--repetitions", min=1,
+                                    help="Interleaved runs of each policy; the best counts."),
+    scale: float = typer.Option(1.0, "--scale", min=0.001, max=1.0,
+                                help="Run this fraction of the scenario's length."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """What each policy costs to simulate on one scenario: process CPU seconds of a run,
+    interleaved, and the ratio to the first policy (issue 9: full within 1.5x of
+    admit_all on tenants13)."""
+    from triage.bench.policy_time import run
+    from triage.sim.errors import SimError
+
+    names = [p.strip() for p in policy_list.split(",") if p.strip()]
+    if not names:
+        raise fail("--policies names no policy", ExitCode.USAGE, json_out=json_out)
+    try:
+        out = run(scenario, names, repetitions=repetitions, scale=scale)
+    except SimError as exc:
+        raise fail(str(exc), ExitCode.USAGE, json_out=json_out) from None
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    for name, row in out["policies"].items():
+        typer.echo(f"{out['scenario']:<16} {name:<20} {row['cpu_s']:6.2f} CPU s "
+                   f"({row['ratio']:.2f}x {names[0]}), {row['requests']:,} requests")
 
 
 @app.command("core")
