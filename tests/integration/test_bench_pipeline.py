@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 
 from triage.bench.children import BenchStartError
+from triage.bench.leftovers import sweep
 from triage.bench.pipeline import RATIOS, run
+from triage.kafka.clients import make_admin
 
 FIELDS = ("completed_per_s", "decisions_per_s", "p50_ms", "p99_ms", "warmup_p99_ms",
           "admission_cpu_us_per_request", "admission_cpu_s_per_1000_requests",
@@ -144,3 +146,9 @@ def test_a_bench_killed_with_sigkill_takes_its_children_along(
             os.kill(pid, signal.SIGKILL)
     assert proc.returncode == -signal.SIGKILL
     assert left == [], f"children still running after the bench was killed: {left}"
+    # its topics stay on the broker, until the next run on the same --out sweeps them
+    (run_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    deleted = sweep(kafka_bootstrap, tmp_path)
+    assert deleted and all(t.startswith(run_dir.name) for t in deleted)
+    remaining = make_admin(kafka_bootstrap).list_topics(timeout=10).topics
+    assert not [t for t in remaining if t.startswith(run_dir.name)]

@@ -41,6 +41,7 @@ from triage.bench.children import (
     cpu_seconds,
     signals_unwind,
 )
+from triage.bench.leftovers import claim, release, sweep
 from triage.config.models import TriageConfig
 from triage.demo.processes import ChildProcess, scrape, wait_for_metric
 from triage.kafka.clients import broker_reachable, make_consumer, make_producer
@@ -418,6 +419,8 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
                 started = broker.start().started
             reached = True
             run_dir.mkdir(parents=True, exist_ok=True)
+            claim(run_dir)
+            sweep(server, out_dir)  # what runs killed before this one left behind
             reps = [repetition(fleet, server, run_prefix, run_dir, i + 1, gpus=gpus,
                                pools=pools, tenants=tenants, instances=instances,
                                shards=shards, broker_messages=broker_messages,
@@ -445,6 +448,7 @@ def run(*, latency_rate: float = 500.0, latency_requests: int = 5_000,
             try:
                 if reached:
                     delete_topics(server, run_prefix)
+                    release(run_dir)
             except Exception as exc:  # cleanup is best effort
                 log.warning("could not delete bench topics: %s", exc)
             if started:
