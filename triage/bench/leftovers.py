@@ -19,6 +19,8 @@ import re
 import socket
 from pathlib import Path
 
+import psutil
+
 from triage.topics.admin import delete_topics
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ def dead_runs(out_dir: Path) -> list[str]:
             pid, host = int(who["pid"]), str(who["host"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # half-written or foreign: not provably dead
-        if host == socket.gethostname() and not _running(pid):
+        if host == socket.gethostname() and not psutil.pid_exists(pid):
             dead.append(name)
     return dead
 
@@ -69,12 +71,3 @@ def sweep(bootstrap: str, out_dir: Path) -> list[str]:
         release(out_dir / name)
     return deleted
 
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's process: alive
-    return True

@@ -13,17 +13,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from triage.sim.capacity import with_offered_load
+from triage.experiments.baselines import case_scenario
 from triage.sim.compare import resolve, run_policy
-from triage.sim.scenario import load_scenario
 
 
 def run(scenario: str, policies: list[str], *, repetitions: int = 2,
         scale: float = 1.0) -> dict[str, Any]:
     """CPU seconds per policy (best of `repetitions`) and the ratio to `policies[0]`."""
-    sc = with_offered_load(load_scenario(scenario))
-    if scale != 1.0:
-        sc = sc.scaled(scale)
+    sc = case_scenario(scenario, scale)
     for policy in policies:
         resolve(sc, policy)  # an unknown name fails here, before minutes of runs
     times: dict[str, list[float]] = {p: [] for p in policies}

@@ -166,18 +166,17 @@ def build_app(
     committer = Committer(app, outbox, health, changelog, k.request_partitions)
     gaps = GapGuard()
 
+    def is_member(member_id: str | None) -> bool:
+        return member_of_group(k.bootstrap_servers, app_id, member_id)
+
     async def still_member() -> bool:
-        return await asyncio.to_thread(member_of_group, k.bootstrap_servers, app_id,
-                                       coordinator_member_id(app))
+        return await asyncio.to_thread(is_member, coordinator_member_id(app))
 
     def on_lapse() -> None:
         exit_as_zombie("no longer a member of its group: frozen past its session timeout")
 
     lapse = LapseGuard(config.admission.session_timeout_s, still_member, on_lapse)
     committer.deciding = lapse.deciding
-
-    def is_member(member_id: str) -> bool:
-        return member_of_group(k.bootstrap_servers, app_id, member_id)
 
     def send_check() -> SendCheck:
         return SendCheck(coordinator_member_id(app), time.monotonic(), lapse.gap_s, is_member)
