@@ -6,10 +6,11 @@ of its new work for the whole test."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import NewTopic
 
 from tests.integration._dying_outbox import run_until_killed
@@ -140,3 +141,78 @@ def test_a_batch_whose_sender_left_the_group_during_its_marks_is_not_committed(
     survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"lapsed-{tag}.outbox.instance-i1",
                            marks_topic=marks, shards=2)
     assert survivor.take_over(1) == Committed(1, 1)
+
+
+def test_a_takeover_fences_the_writer_of_the_open_batch_not_of_the_last_committed_one(
+    kafka_bootstrap: str,
+) -> None:
+    """The open transaction on a marks partition is not always its last committed
+    writer's: a new owner killed in its first batch after a takeover, or a woken zombie
+    cut down between its marks and their abort, leaves one open behind another writer's
+    committed mark. The takeover must fence the writer named by the open batch's own
+    mark: fencing the last committed writer left the open one holding every
+    read_committed reader of its partitions for the 5-minute transaction timeout."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"behind-{tag}.outbox", f"behind-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    first_id, second_id = f"behind-{tag}.outbox.instance-i0", f"behind-{tag}.outbox.instance-i1"
+    first = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": first_id})
+    first.init_transactions(30)
+    first.begin_transaction()  # batch 7 of the first owner commits
+    first.produce(work, b"w7", partition=1)
+    first.produce(marks, OutboxMark(seq=7, writer=first_id).to_bytes(), MARK_KEY, partition=1)
+    first.commit_transaction(30)
+    second = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": second_id})
+    second.init_transactions(30)
+    second.begin_transaction()  # the next owner's first batch is in flight when it dies
+    second.produce(marks, OutboxMark(seq=1, writer=second_id).to_bytes(), MARK_KEY,
+                   partition=1)
+    second.flush(10)
+    second.produce(work, b"s1", partition=1)
+    second.flush(10)
+    _held_then_released(kafka_bootstrap, marks, work, f"behind-{tag}.outbox.instance-i2")
+    with pytest.raises(KafkaException):  # the open batch's writer was the one fenced
+        second.commit_transaction(10)
+
+
+def test_a_process_leaving_as_a_zombie_lets_the_send_checks_abort_finish_first(
+    kafka_bootstrap: str,
+) -> None:
+    """The lapse guard exits the process as soon as the broker says it left the group; a
+    lane thread may then be between its marks and the abort its own send check asked for.
+    Exited there (once in the frozen-owner test under CPU contention), the marks-only
+    transaction stayed open, and the next reader of the shard's marks took an older batch
+    for the last committed one. `quiesce` returns only once the lane is out of it."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"quiesce-{tag}.outbox", f"quiesce-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    sender = _writing_shard_1(kafka_bootstrap, f"quiesce-{tag}.outbox.instance-i0", marks)
+    sender.publish(1, [(work, b"k", b"before", 1, None)])
+    asking, answer = threading.Event(), threading.Event()
+
+    def slow_no() -> bool:  # the broker's answer takes a while under load
+        asking.set()
+        answer.wait(10)
+        return False
+
+    failed: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=slow_no)
+        except BaseException as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=publish, daemon=True)
+    thread.start()
+    assert asking.wait(30)  # the marks of batch 2 are on the broker, its check in flight
+    reader = KafkaOutbox(kafka_bootstrap, transactional_id=f"quiesce-{tag}.reader",
+                         marks_topic=marks, shards=2)
+    assert reader.work.last_marker(1).open  # what an exit here would leave behind
+    threading.Timer(3.0, answer.set).start()
+    assert sender.quiesce(20.0)
+    state = reader.work.last_marker(1)  # read before the thread is joined
+    assert (state.open, state.seq) == (False, 1)
+    thread.join(10)
+    assert [type(e) for e in failed] == [OutboxFencedError]
+    assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]

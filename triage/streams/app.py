@@ -82,6 +82,9 @@ from triage.topics.routing import publish_routes
 log = logging.getLogger(__name__)
 
 DISCOVERY_S = 3.0
+# how long a lapsed process waits for an outbox transaction to end before it exits
+# (KafkaOutbox.quiesce): its send check's membership question and abort, with room
+LAPSE_QUIESCE_S = 10.0
 # Heartbeats and completions must not wait behind a request flood (docs/architecture.md,
 # "Priority under a request flood"): each fetch hands over at most this many records
 # (control partitions first, priority.py), so the conductor never has thousands of
@@ -173,6 +176,9 @@ def build_app(
         return await asyncio.to_thread(is_member, coordinator_member_id(app))
 
     def on_lapse() -> None:
+        if not outbox.quiesce(LAPSE_QUIESCE_S):
+            log.warning("an outbox transaction did not end within %.0f s; exiting anyway",
+                        LAPSE_QUIESCE_S)
         exit_as_zombie("no longer a member of its group: frozen past its session timeout")
 
     lapse = LapseGuard(config.admission.session_timeout_s, still_member, on_lapse)

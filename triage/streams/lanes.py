@@ -21,7 +21,9 @@ lane's, and recovery re-sends each output whose own lane had not committed its b
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -68,6 +70,7 @@ class MarksState:
     writer: str | None
     open: bool
     lanes: int = 1  # what the last mark's writer ran with (OutboxMark.lanes)
+    open_writer: str | None = None  # named by the earliest open transaction's mark
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +115,9 @@ class TxnLane:
         self.marks_topic = marks_topic
         self._retry = retry
         self.producer: Producer | None = None
+        # held for each transaction: a process leaving as a zombie takes it, so it exits
+        # only once a transaction its send check is aborting has ended (`quiesce`)
+        self.busy = threading.Lock()
 
     def start(self) -> None:
         """Fence any earlier incarnation of this id (aborting its open transaction)."""
@@ -139,6 +145,12 @@ class TxnLane:
         OutboxFencedError when a newer owner took this id over, or when `still_member`,
         asked once the marks are on the broker, says the group went on without this
         process; other errors leave a fresh or aborted producer)."""
+        with self.busy:
+            self._publish_once(seq, batch, mark_partitions, stopping, also_marks, still_member)
+
+    def _publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: set[int],
+                      stopping: Callable[[], bool], also_marks: str | None,
+                      still_member: Callable[[], bool] | None) -> None:
         p = self.producer
         if p is None:
             raise RuntimeError("TxnLane.publish_once before start()")
@@ -193,20 +205,24 @@ class TxnLane:
             raise
 
     def take_over(self, shard: int) -> MarksState:
-        """The last batch this lane committed for `shard`, fencing a previous writer that
-        left a transaction open there (killed mid-batch), so that read_committed readers
-        (workers, clients) stop waiting behind it now, not at its timeout."""
+        """The last batch this lane committed for `shard`, fencing every writer that left
+        a transaction open there (killed mid-batch), so that read_committed readers
+        (workers, clients) stop waiting behind it now, not at its timeout. The writer of
+        an open transaction is the one its own mark names (every batch writes its mark
+        first), not the last committed mark's writer: after a takeover those differ."""
         state = self._retry("read the outbox marker", lambda: self.last_marker(shard))
-        if state.open and state.writer not in (None, self.txn_id):
-            assert state.writer is not None
-            writer = state.writer
-            self._retry(f"fence {writer}", lambda: self._fence(writer))
-            log.warning("shard %d: its previous writer %s left a transaction open: fenced "
-                        "(the transaction is aborted)", shard, writer)
+        for _ in range(3):  # each round fences the earliest open transaction's writer
+            writer = state.open_writer
+            if not state.open or writer is None or writer == self.txn_id:
+                break
+            self._retry(f"fence {writer}", functools.partial(self._fence, writer))
+            log.warning("shard %d: writer %s left a transaction open: fenced (the "
+                        "transaction is aborted)", shard, writer)
             state = self._retry("read the outbox marker", lambda: self.last_marker(shard))
-        elif state.open:
-            log.warning("shard %d: an open transaction of an unknown writer holds its "
-                        "readers until it times out", shard)
+        if state.open:
+            log.warning("shard %d: a transaction of writer %s is still open: it holds the "
+                        "shard's readers until it ends or times out", shard,
+                        state.open_writer or "unknown")
         return state
 
     def _fence(self, writer: str) -> None:
@@ -241,13 +257,40 @@ class TxnLane:
                         # the stable offset again) lies past it while a transaction is open
                         stable = c.position([tp])[0].offset
                         _low, end = c.get_watermark_offsets(tp, cached=True)
-                        return MarksState(last, writer, 0 <= stable < end, lanes)
+                        is_open = 0 <= stable < end
+                        opened = self._open_writer(tp, stable) if is_open else None
+                        return MarksState(last, writer, is_open, lanes, opened)
                     raise KafkaException(err)
                 if msg.key() == MARK_KEY:
                     mark = OutboxMark.from_bytes(msg.value() or b"")
                     if mark.seq >= last:
                         last, writer, lanes = mark.seq, mark.writer, mark.lanes
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
+        finally:
+            c.close()
+
+
+    def _open_writer(self, tp: TopicPartition, stable: int) -> str | None:
+        """The writer named by the mark at the stable offset (read uncommitted): the first
+        record of the earliest transaction open on the partition. Marks after it may be
+        committed ones of a live writer, whom fencing would stop for nothing."""
+        c = make_consumer(self.bootstrap, f"{self.txn_id}.marks", **{
+            "isolation.level": "read_uncommitted", "enable.partition.eof": True})
+        try:
+            c.assign([TopicPartition(tp.topic, tp.partition, stable)])
+            deadline = time.monotonic() + 30.0
+            while time.monotonic() < deadline:
+                msg = c.poll(1.0)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        return None
+                    raise KafkaException(err)
+                if msg.key() == MARK_KEY:
+                    return OutboxMark.from_bytes(msg.value() or b"").writer or None
+            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the open mark"))
         finally:
             c.close()
 

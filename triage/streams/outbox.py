@@ -243,6 +243,18 @@ class KafkaOutbox(BatchedOutbox):
     def stopping(self) -> bool:
         return self._stop.is_set()
 
+    def quiesce(self, timeout_s: float) -> bool:
+        """For a process about to exit as a zombie: wait until no lane is inside a
+        transaction and keep every lane from starting another (never released). A lane
+        whose send check found the process gone is then done aborting: exited before
+        that, its marks-only transaction stayed open, and a reader of its marks saw an
+        older batch as the last committed until the transaction timed out. False when a
+        lane was still busy after `timeout_s` (the process exits anyway)."""
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s
+        return all(lane.busy.acquire(timeout=max(0.0, deadline - time.monotonic()))
+                   for lane in self.lanes)
+
     def _retry(self, what: str, fn: Callable[[], T]) -> T:
         """Call fn until it succeeds (transport errors back off); stop() ends the wait."""
         attempt = 0
