@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 CONSUME_BATCH = 1000
 POLL_S = 0.1
@@ -98,3 +98,27 @@ def scan_range(
                 yield Read(part, offset, ts, msg.value())
     finally:
         consumer.unassign()
+
+
+def read_to_end(consumer: Consumer, what: str, *, timeout_s: float, poll_s: float = 1.0,
+                end: int | None = None) -> Iterator[Message]:
+    """The messages of the consumer's one assigned partition, until its end: the end of
+    partition event (the consumer must have ``enable.partition.eof`` set; under
+    read_committed it comes at the last stable offset), or the message at `end - 1`.
+    Raises KafkaException on a read error, and a timed-out one naming `what` when the
+    end is not reached within `timeout_s`. One loop for the readers of small control
+    partitions (outbox marks, routes) instead of one per module."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = consumer.poll(poll_s)
+        if msg is None:
+            continue
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return
+            raise KafkaException(err)
+        yield msg
+        if end is not None and (msg.offset() or 0) + 1 >= end:
+            return
+    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {what}"))

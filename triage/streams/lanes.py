@@ -33,6 +33,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer
 from triage.kafka.clients import produce_waiting as produce  # the seam takeover tests patch
+from triage.kafka.scan import read_to_end
 from triage.topics.messages import OutboxMark
 
 log = logging.getLogger(__name__)
@@ -244,31 +245,21 @@ class TxnLane:
                 return MarksState(0, None, False)
             c.assign([TopicPartition(self.marks_topic, partition, max(low, high - 64))])
             last, writer, lanes = 0, None, 1
-            deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline:
-                msg = c.poll(1.0)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        # read_committed, EOF lies at the last stable offset; the high
-                        # watermark of the last fetch (cached: a fresh query would answer
-                        # the stable offset again) lies past it while a transaction is open
-                        stable = c.position([tp])[0].offset
-                        _low, end = c.get_watermark_offsets(tp, cached=True)
-                        is_open = 0 <= stable < end
-                        opened = self._open_writer(tp, stable) if is_open else None
-                        return MarksState(last, writer, is_open, lanes, opened)
-                    raise KafkaException(err)
+            for msg in read_to_end(c, "the outbox marks", timeout_s=30.0):
                 if msg.key() == MARK_KEY:
                     mark = OutboxMark.from_bytes(msg.value() or b"")
                     if mark.seq >= last:
                         last, writer, lanes = mark.seq, mark.writer, mark.lanes
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the outbox marks"))
+            # read_committed, the end lies at the last stable offset; the high watermark
+            # of the last fetch (cached: a fresh query would answer the stable offset
+            # again) lies past it while a transaction is open
+            stable = c.position([tp])[0].offset
+            _low, end = c.get_watermark_offsets(tp, cached=True)
+            is_open = 0 <= stable < end
+            opened = self._open_writer(tp, stable) if is_open else None
+            return MarksState(last, writer, is_open, lanes, opened)
         finally:
             c.close()
-
 
     def _open_writer(self, tp: TopicPartition, stable: int) -> str | None:
         """The writer named by the mark at the stable offset (read uncommitted): the first
@@ -278,19 +269,10 @@ class TxnLane:
             "isolation.level": "read_uncommitted", "enable.partition.eof": True})
         try:
             c.assign([TopicPartition(tp.topic, tp.partition, stable)])
-            deadline = time.monotonic() + 30.0
-            while time.monotonic() < deadline:
-                msg = c.poll(1.0)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        return None
-                    raise KafkaException(err)
+            for msg in read_to_end(c, "the open mark", timeout_s=30.0):
                 if msg.key() == MARK_KEY:
                     return OutboxMark.from_bytes(msg.value() or b"").writer or None
-            raise KafkaException(KafkaError(KafkaError._TIMED_OUT, "reading the open mark"))
+            return None
         finally:
             c.close()
 

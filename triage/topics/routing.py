@@ -12,7 +12,6 @@ again when they meet a model it does not name (docs/architecture.md, "Routing").
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +20,7 @@ from pydantic import ValidationError
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
+from triage.kafka.scan import read_to_end
 from triage.topics.messages import Route
 from triage.topics.names import TopicNames
 from triage.topics.shards import shard_of_model
@@ -82,30 +82,25 @@ def read_routes(bootstrap: str, names: TopicNames, *, timeout_s: float = READ_TI
             return {}
         c.assign([TopicPartition(names.routes, 0, OFFSET_BEGINNING)])
         routes: dict[str, int] = {}
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            msg = c.poll(0.2)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    return routes
-                raise KafkaException(err)
-            key = (msg.key() or b"").decode("utf-8", "replace")
-            value = msg.value()
-            if value is None:
-                routes.pop(key, None)
-                continue
-            try:
-                route = Route.from_bytes(value)
-            except ValidationError as exc:
-                log.warning("routes: record at offset %d skipped: %s", msg.offset(),
-                            exc.errors()[0]["msg"] if exc.errors() else exc)
-                continue
-            routes[route.model] = route.partition
-            if (msg.offset() or 0) + 1 >= high:
-                return routes
+        try:
+            for msg in read_to_end(c, "the routes", timeout_s=timeout_s, poll_s=0.2, end=high):
+                key = (msg.key() or b"").decode("utf-8", "replace")
+                value = msg.value()
+                if value is None:
+                    routes.pop(key, None)
+                    continue
+                try:
+                    route = Route.from_bytes(value)
+                except ValidationError as exc:
+                    log.warning("routes: record at offset %d skipped: %s", msg.offset(),
+                                exc.errors()[0]["msg"] if exc.errors() else exc)
+                    continue
+                routes[route.model] = route.partition
+            return routes
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            if not (isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT):
+                raise
         log.warning("routes: read %d of them before the %.0f s timeout; the rest go by key",
                     len(routes), timeout_s)
         return routes
