@@ -216,3 +216,34 @@ def test_a_process_leaving_as_a_zombie_lets_the_send_checks_abort_finish_first(
     thread.join(10)
     assert [type(e) for e in failed] == [OutboxFencedError]
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
+
+
+def test_a_transaction_left_open_at_the_start_of_the_marks_is_found_and_fenced(
+    kafka_bootstrap: str,
+) -> None:
+    """The first record of a shard's marks partition is a batch left open (its first
+    writer killed in its first batch), and another writer committed 200 batches after it.
+    Read committed, the partition's end is then its start: the reader took it for an
+    empty partition with nothing open, so nobody fenced the dead writer and its
+    transaction held every read_committed reader of its partitions for 5 minutes."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"far-{tag}.outbox", f"far-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    zombie_id, owner_id = f"far-{tag}.outbox.instance-i0", f"far-{tag}.outbox.instance-i1"
+    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": zombie_id})
+    zombie.init_transactions(30)
+    zombie.begin_transaction()
+    zombie.produce(marks, OutboxMark(seq=3, writer=zombie_id).to_bytes(), MARK_KEY, partition=1)
+    zombie.flush(10)
+    owner = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": owner_id})
+    owner.init_transactions(30)
+    for seq in range(1, 201):  # the owner goes on committing its batches
+        owner.begin_transaction()
+        owner.produce(marks, OutboxMark(seq=seq, writer=owner_id).to_bytes(), MARK_KEY,
+                      partition=1)
+        owner.commit_transaction(30)
+    taker = KafkaOutbox(kafka_bootstrap, transactional_id=f"far-{tag}.outbox.instance-i2",
+                        marks_topic=marks, shards=2)
+    assert taker.take_over(1) == Committed(200, 200)
+    with pytest.raises(KafkaException):  # the open batch's writer was fenced
+        zombie.commit_transaction(10)

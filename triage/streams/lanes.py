@@ -240,22 +240,26 @@ class TxnLane:
             "isolation.level": "read_committed", "enable.partition.eof": True})
         try:
             tp = TopicPartition(self.marks_topic, partition)
-            low, high = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
-            if high <= low:
-                return MarksState(0, None, False)
-            c.assign([TopicPartition(self.marks_topic, partition, max(low, high - 64))])
+            # read_committed, the high watermark answered is the last stable offset: a
+            # transaction left open holds it at its first record, however many marks
+            # were committed after it (the window starts below it, never past it, and
+            # a partition whose first record is the open one still gets a fetch)
+            low, stable_end = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
+            start = max(low, stable_end - 64)
+            c.assign([TopicPartition(self.marks_topic, partition, start)])
             last, writer, lanes = 0, None, 1
             for msg in read_to_end(c, "the outbox marks", timeout_s=30.0):
                 if msg.key() == MARK_KEY:
                     mark = OutboxMark.from_bytes(msg.value() or b"")
                     if mark.seq >= last:
                         last, writer, lanes = mark.seq, mark.writer, mark.lanes
-            # read_committed, the end lies at the last stable offset; the high watermark
-            # of the last fetch (cached: a fresh query would answer the stable offset
-            # again) lies past it while a transaction is open
-            stable = c.position([tp])[0].offset
+            # at the end, the position is the stable offset (the start when nothing was
+            # read); the high watermark of the last fetch (cached: a fresh query would
+            # answer the stable offset again) lies past it while a transaction is open
+            position = c.position([tp])[0].offset
+            stable = position if position >= 0 else start
             _low, end = c.get_watermark_offsets(tp, cached=True)
-            is_open = 0 <= stable < end
+            is_open = stable < end
             opened = self._open_writer(tp, stable) if is_open else None
             return MarksState(last, writer, is_open, lanes, opened)
         finally:
