@@ -6,6 +6,8 @@ batch, and the committer never lets Faust commit offsets past replies still owed
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from triage.streams import committer as committer_module
 from triage.streams.committer import Committer
 from triage.streams.health import Health
-from triage.streams.lanes import Committed, MarksState
+from triage.streams.lanes import Committed, MarksState, TxnLane
 from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import (
     BatchedOutbox,
@@ -358,3 +360,33 @@ def test_each_lane_asks_its_send_check_and_a_lapsed_one_exits_sending_nothing(
     assert [t[:2] for t in txns] == [("work", 1), ("replies", 1)]
     assert events[:6] == ["deciding", "deciding", "check made"] * 2
     assert confirmed == Committed(1, 1) and len(exits) == 1
+
+
+def test_a_takeover_reads_the_marks_only_while_its_own_lane_holds_no_transaction() -> None:
+    """A shard adopted again after a missed rebalance may still be in this lane's marks:
+    read while the lane's own batch is open, the marks name a batch before it as the last
+    committed, and the batch would be sent twice (replayed here, then committed). So the
+    takeover waits for the lane's transaction lock."""
+    lane = TxnLane("127.0.0.1:1", transactional_id="t.outbox.i0", marks_topic="t.marks",
+                   retry=lambda _what, fn: fn())
+    read_while_busy: list[bool] = []
+
+    def last_marker(_partition: int) -> MarksState:
+        read_while_busy.append(in_flight.is_set())
+        return MarksState(7, "t.outbox.i0", False)
+
+    lane.last_marker = last_marker  # type: ignore[method-assign]
+    in_flight = threading.Event()
+
+    def a_batch_in_flight() -> None:
+        with lane.busy:
+            in_flight.set()
+            time.sleep(0.3)
+            in_flight.clear()
+
+    batch = threading.Thread(target=a_batch_in_flight)
+    batch.start()
+    assert in_flight.wait(5)
+    assert lane.take_over(0).seq == 7
+    batch.join(5)
+    assert read_while_busy == [False]

@@ -210,7 +210,14 @@ class TxnLane:
         a transaction open there (killed mid-batch), so that read_committed readers
         (workers, clients) stop waiting behind it now, not at its timeout. The writer of
         an open transaction is the one its own mark names (every batch writes its mark
-        first), not the last committed mark's writer: after a takeover those differ."""
+        first), not the last committed mark's writer: after a takeover those differ.
+        Read while this lane holds no transaction of its own (its lock: a shard adopted
+        again after a missed rebalance may still carry this lane's marks), so an open
+        one is never this process's."""
+        with self.busy:
+            return self._take_over(shard)
+
+    def _take_over(self, shard: int) -> MarksState:
         state = self._retry("read the outbox marker", lambda: self.last_marker(shard))
         for _ in range(3):  # each round fences the earliest open transaction's writer
             writer = state.open_writer
