@@ -247,3 +247,31 @@ def test_a_transaction_left_open_at_the_start_of_the_marks_is_found_and_fenced(
     assert taker.take_over(1) == Committed(200, 200)
     with pytest.raises(KafkaException):  # the open batch's writer was fenced
         zombie.commit_transaction(10)
+
+
+def test_the_last_committed_mark_is_found_behind_a_run_of_aborted_batches(
+    kafka_bootstrap: str,
+) -> None:
+    """Each aborted batch leaves its mark and an abort marker on the marks partition, both
+    skipped by a read_committed reader. Behind a run of them (a writer whose transactions
+    failed again and again), the reader's first window held no committed mark, and the
+    shard's next owner took batch 0 for the last committed: it would have sent every
+    output its records hold again."""
+    tag = uuid.uuid4().hex[:8]
+    marks, work = f"aborted-{tag}.outbox", f"aborted-{tag}.work"
+    _topics(kafka_bootstrap, marks, work)
+    writer_id = f"aborted-{tag}.outbox.instance-i0"
+    writer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": writer_id})
+    writer.init_transactions(30)
+    writer.begin_transaction()
+    writer.produce(marks, OutboxMark(seq=5, writer=writer_id).to_bytes(), MARK_KEY, partition=1)
+    writer.commit_transaction(30)
+    for seq in range(6, 46):  # 40 batches that never commit
+        writer.begin_transaction()
+        writer.produce(marks, OutboxMark(seq=seq, writer=writer_id).to_bytes(), MARK_KEY,
+                       partition=1)
+        writer.flush(10)
+        writer.abort_transaction(30)
+    taker = KafkaOutbox(kafka_bootstrap, transactional_id=f"aborted-{tag}.outbox.instance-i1",
+                        marks_topic=marks, shards=2)
+    assert taker.take_over(1) == Committed(5, 5)

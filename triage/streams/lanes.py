@@ -42,6 +42,7 @@ Headers = list[tuple[str, bytes]]
 # topic, key, value, partition (-1: by key), headers (a forward's origin; else none)
 Output = tuple[str, bytes | None, bytes, int, Headers | None]
 MARK_KEY = b"commit"
+MARKS_WINDOW = 64  # offsets read back from a marks partition's stable end, at first
 TXN_TIMEOUT_MS = 300_000
 T = TypeVar("T")
 
@@ -252,14 +253,21 @@ class TxnLane:
             # were committed after it (the window starts below it, never past it, and
             # a partition whose first record is the open one still gets a fetch)
             low, stable_end = c.get_watermark_offsets(tp, timeout=10.0, cached=False)
-            start = max(low, stable_end - 64)
-            c.assign([TopicPartition(self.marks_topic, partition, start)])
-            last, writer, lanes = 0, None, 1
-            for msg in read_to_end(c, "the outbox marks", timeout_s=30.0):
-                if msg.key() == MARK_KEY:
-                    mark = OutboxMark.from_bytes(msg.value() or b"")
-                    if mark.seq >= last:
-                        last, writer, lanes = mark.seq, mark.writer, mark.lanes
+            window = MARKS_WINDOW
+            while True:
+                start = max(low, stable_end - window)
+                c.assign([TopicPartition(self.marks_topic, partition, start)])
+                last, writer, lanes = 0, None, 1
+                for msg in read_to_end(c, "the outbox marks", timeout_s=30.0):
+                    if msg.key() == MARK_KEY:
+                        mark = OutboxMark.from_bytes(msg.value() or b"")
+                        if mark.seq >= last:
+                            last, writer, lanes = mark.seq, mark.writer, mark.lanes
+                # a window of aborted batches (each a mark and an abort marker, which a
+                # read_committed reader skips) holds no committed mark: look further back
+                if last or start <= low:
+                    break
+                window *= 4
             # at the end, the position is the stable offset (the start when nothing was
             # read); the high watermark of the last fetch (cached: a fresh query would
             # answer the stable offset again) lies past it while a transaction is open
