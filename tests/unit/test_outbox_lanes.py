@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import pytest
@@ -144,15 +144,19 @@ class _Outbox(BatchedOutbox):
         self.replies: object | None = object()  # a reply lane exists
         self.stopping = False
         self.txns: list[tuple[str, int, list[bytes]]] = []
+        self.marked: list[tuple[str, int, set[int]]] = []  # the shards each one marked
+        self.mark_partitions: set[int] = {0}
         self.fail_replies = False
 
     def publish(self, seq: int, batch: list[Output], lane: Lane = "work",
-                still_member: Callable[[], bool] | None = None) -> None:
+                still_member: Callable[[], bool] | None = None,
+                marks: Collection[int] | None = None) -> None:
         if still_member is not None and not still_member():
             raise OutboxFencedError(f"batch {seq}")
         if lane == "replies" and self.fail_replies:
             raise OutboxStoppedError("stopped")
         self.txns.append((lane, seq, [o[2] for o in batch]))
+        self.marked.append((lane, seq, set(self.mark_partitions if marks is None else marks)))
 
 
 class _Producer:
@@ -390,3 +394,26 @@ def test_a_takeover_reads_the_marks_only_while_its_own_lane_holds_no_transaction
     assert lane.take_over(0).seq == 7
     batch.join(5)
     assert read_while_busy == [False]
+
+
+def test_a_batch_marks_the_shards_owned_when_it_was_sealed(split_always: None) -> None:
+    """A shard adopted while a sealed batch waits for its changelog flush has its replayed
+    outputs staged in a later batch. Marked by the earlier one as well, a crash between
+    the two commits left the shard's next owner reading those outputs as committed (the
+    earlier batch's number can lie above theirs): they were never sent."""
+    committer, out = _committer()
+
+    async def adopt_during_the_flush() -> None:
+        out.mark_partitions.add(1)  # the rebalance callback runs at this await
+
+    committer._faust_flush = adopt_during_the_flush
+
+    async def run() -> None:
+        _stage(out, 1)
+        await committer.drain(replies=False)
+        committer._faust_flush = _Producer().flush
+        _stage(out, 2)
+        await committer.drain()
+
+    asyncio.run(run())
+    assert out.marked == [("work", 1, {0}), ("work", 2, {0, 1}), ("replies", 2, {0, 1})]

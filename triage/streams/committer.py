@@ -84,7 +84,8 @@ class Committer:
         self.lock = asyncio.Lock()
         self.reply_lock = asyncio.Lock()
         self.replies_queued = asyncio.Event()
-        self._reply_parts: list[tuple[int, list[Output]]] = []  # sealed, in batch order
+        # sealed, in batch order, each with the shards owned at its seal (`_commit_work`)
+        self._reply_parts: list[tuple[int, list[Output], frozenset[int]]] = []
         self._faust_flush: Callable[[], Awaitable[None]] | None = None
         self.last_commit_s = 0.0  # how long the last batch's transaction took
         # False while this process may not decide (lapse.py): nothing staged is sent
@@ -128,6 +129,10 @@ class Committer:
         if outbox.sealed >= target:  # sealed by a drain that failed
             raise OutboxStoppedError(f"batch {target} was not committed")
         seq, batch = outbox.seal()
+        # the shards this batch speaks for are those owned at its seal: a shard adopted
+        # before it is published (an await below) has its replayed outputs in a later
+        # batch, and a mark of this one there would name them committed
+        marks = frozenset(outbox.mark_partitions)
         work, replies = outbox.split(batch)
         # while the reply lane is idle (every earlier reply out), few replies may ride
         # with the work: they still follow every earlier batch's, in order
@@ -141,13 +146,13 @@ class Committer:
             if work:
                 started = time.monotonic()
                 try:
-                    await self._publish(seq, work, "both" if both else "work")
+                    await self._publish(seq, work, "both" if both else "work", marks)
                 except OutboxFencedError as exc:
                     exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
                 self.last_commit_s = time.monotonic() - started
             outbox.confirm(seq, replies=outbox.replies is None or both)
             if outbox.replies is not None and not both:
-                self._reply_parts.append((seq, replies))
+                self._reply_parts.append((seq, replies, marks))
                 self.replies_queued.set()
         finally:
             self.health.publishing_since = None
@@ -162,12 +167,12 @@ class Committer:
             if self.deciding is not None and not await self.deciding():
                 return  # a lapsed member: its shards' owners replay these (lapse.py)
             parts, self._reply_parts = self._reply_parts, []
-            seq = parts[-1][0]
-            outputs = [out for _, part in parts for out in part]
+            seq, _, marks = parts[-1]
+            outputs = [out for _, part, _ in parts for out in part]
             self.health.replying_since = time.monotonic()
             try:
                 if outputs:
-                    await self._publish(seq, outputs, "replies")
+                    await self._publish(seq, outputs, "replies", marks)
             except OutboxFencedError as exc:
                 exit_as_zombie(f"fenced by a newer owner of its shards ({exc})")
             except BaseException:
@@ -177,7 +182,8 @@ class Committer:
                 self.health.replying_since = None
             outbox.confirm(seq, work=False)
 
-    async def _publish(self, seq: int, outputs: list[Output], lane: Lane) -> None:
+    async def _publish(self, seq: int, outputs: list[Output], lane: Lane,
+                       marks: frozenset[int]) -> None:
         """One batch to the outbox's thread, asked once more whether this process may
         still decide, so the check the thread makes later covers only the freeze after
         this point (lapse.py, SendCheck)."""
@@ -187,7 +193,7 @@ class Committer:
                 raise OutboxFencedError(f"batch {seq}: no longer a member of its group")
             if self.send_check is not None:
                 still_member = self.send_check()
-        await asyncio.to_thread(self.outbox.publish, seq, outputs, lane, still_member)
+        await asyncio.to_thread(self.outbox.publish, seq, outputs, lane, still_member, marks)
 
     async def _flush_changelog(self) -> None:
         """Faust's own flush and the tables' changelog writer's, retried through broker

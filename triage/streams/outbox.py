@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Literal, Protocol, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
@@ -298,16 +298,20 @@ class KafkaOutbox(BatchedOutbox):
         self._plain.poll(0)
 
     def publish(self, seq: int, batch: list[Output], lane: Lane = "work",
-                still_member: Callable[[], bool] | None = None) -> None:
+                still_member: Callable[[], bool] | None = None,
+                marks: Collection[int] | None = None) -> None:
         """Send outputs and the lane's marker in one transaction (blocking; retries with
         backoff through broker outages until it commits or stop() is called). `lane`:
         "work", a sealed batch's work part; "replies", the reply parts of batches up to
         `seq`; "both", a whole batch on the work lane, marked on both lanes.
-        `still_member`: asked once the marks are on the broker (lapse.py, SendCheck)."""
+        `still_member`: asked once the marks are on the broker (lapse.py, SendCheck).
+        `marks`: the shards the batch speaks for, as owned when it was sealed (default:
+        those owned now)."""
         txn = self.replies if lane == "replies" and self.replies is not None else self.work
         also = self.replies.marks_topic if lane == "both" and self.replies is not None else None
         self._retry(f"commit output batch {seq}", lambda: txn.publish_once(
-            seq, batch, self.mark_partitions, lambda: self.stopping, also, still_member))
+            seq, batch, set(self.mark_partitions if marks is None else marks),
+            lambda: self.stopping, also, still_member))
         self.last_commit_at = time.monotonic()
 
     def flush(self, timeout_s: float = 10.0) -> int:
