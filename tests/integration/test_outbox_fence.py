@@ -32,6 +32,19 @@ def _committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]
     return [m.value() or b"" for m in read_partition(bootstrap, topic, partition)]
 
 
+def _writer(bootstrap: str, transactional_id: str) -> Producer:
+    """A transactional producer under `transactional_id`, initialized: a writer of marks
+    as an outbox lane would be, driven by hand."""
+    p = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id})
+    p.init_transactions(30)
+    return p
+
+
+def _mark(p: Producer, marks: str, seq: int, writer: str) -> None:
+    """Batch `seq`'s mark of `writer` on shard 1's marks partition."""
+    p.produce(marks, OutboxMark(seq=seq, writer=writer).to_bytes(), MARK_KEY, partition=1)
+
+
 def _held_then_released(bootstrap: str, marks: str, work: str, survivor_id: str) -> KafkaOutbox:
     """The survivor's own work for shard 1 lands behind the dead writer's open batch 8
     (batch 7 committed); taking the shard over fences the writer and releases it."""
@@ -52,15 +65,14 @@ def test_taking_a_shard_over_fences_a_writer_that_left_its_transaction_open(
     marks, work = f"fence-{tag}.outbox", f"fence-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     dead_id = f"fence-{tag}.outbox.instance-i0"
-    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": dead_id})
-    zombie.init_transactions(30)
+    zombie = _writer(kafka_bootstrap, dead_id)
     zombie.begin_transaction()  # batch 7 commits: work and the shard's mark
     zombie.produce(work, b"w7", partition=1)
-    zombie.produce(marks, OutboxMark(seq=7, writer=dead_id).to_bytes(), MARK_KEY, partition=1)
+    _mark(zombie, marks, 7, dead_id)
     zombie.commit_transaction(30)
     zombie.begin_transaction()  # batch 8 is in flight when the process dies
     zombie.produce(work, b"w8", partition=1)
-    zombie.produce(marks, OutboxMark(seq=8, writer=dead_id).to_bytes(), MARK_KEY, partition=1)
+    _mark(zombie, marks, 8, dead_id)
     zombie.flush(10)
     survivor = _held_then_released(kafka_bootstrap, marks, work,
                                    f"fence-{tag}.outbox.instance-i1")
@@ -88,9 +100,7 @@ def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -
     _topics(kafka_bootstrap, marks, work)
     zombie = _writing_shard_1(kafka_bootstrap, f"fenced-{tag}.outbox.instance-i0", marks)
     zombie.publish(1, [(work, b"k", b"before", 1, None)])
-    newer = Producer({"bootstrap.servers": kafka_bootstrap,
-                      "transactional.id": f"fenced-{tag}.outbox.instance-i0"})
-    newer.init_transactions(30)  # what a takeover's fence does
+    _writer(kafka_bootstrap, f"fenced-{tag}.outbox.instance-i0")  # what a takeover's fence does
     with pytest.raises(OutboxFencedError):
         zombie.publish(2, [(work, b"k", b"after", 1, None)])
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
@@ -156,17 +166,14 @@ def test_a_takeover_fences_the_writer_of_the_open_batch_not_of_the_last_committe
     marks, work = f"behind-{tag}.outbox", f"behind-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     first_id, second_id = f"behind-{tag}.outbox.instance-i0", f"behind-{tag}.outbox.instance-i1"
-    first = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": first_id})
-    first.init_transactions(30)
+    first = _writer(kafka_bootstrap, first_id)
     first.begin_transaction()  # batch 7 of the first owner commits
     first.produce(work, b"w7", partition=1)
-    first.produce(marks, OutboxMark(seq=7, writer=first_id).to_bytes(), MARK_KEY, partition=1)
+    _mark(first, marks, 7, first_id)
     first.commit_transaction(30)
-    second = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": second_id})
-    second.init_transactions(30)
+    second = _writer(kafka_bootstrap, second_id)
     second.begin_transaction()  # the next owner's first batch is in flight when it dies
-    second.produce(marks, OutboxMark(seq=1, writer=second_id).to_bytes(), MARK_KEY,
-                   partition=1)
+    _mark(second, marks, 1, second_id)
     second.flush(10)
     second.produce(work, b"s1", partition=1)
     second.flush(10)
@@ -230,17 +237,14 @@ def test_a_transaction_left_open_at_the_start_of_the_marks_is_found_and_fenced(
     marks, work = f"far-{tag}.outbox", f"far-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     zombie_id, owner_id = f"far-{tag}.outbox.instance-i0", f"far-{tag}.outbox.instance-i1"
-    zombie = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": zombie_id})
-    zombie.init_transactions(30)
+    zombie = _writer(kafka_bootstrap, zombie_id)
     zombie.begin_transaction()
-    zombie.produce(marks, OutboxMark(seq=3, writer=zombie_id).to_bytes(), MARK_KEY, partition=1)
+    _mark(zombie, marks, 3, zombie_id)
     zombie.flush(10)
-    owner = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": owner_id})
-    owner.init_transactions(30)
+    owner = _writer(kafka_bootstrap, owner_id)
     for seq in range(1, 201):  # the owner goes on committing its batches
         owner.begin_transaction()
-        owner.produce(marks, OutboxMark(seq=seq, writer=owner_id).to_bytes(), MARK_KEY,
-                      partition=1)
+        _mark(owner, marks, seq, owner_id)
         owner.commit_transaction(30)
     taker = KafkaOutbox(kafka_bootstrap, transactional_id=f"far-{tag}.outbox.instance-i2",
                         marks_topic=marks, shards=2)
@@ -261,15 +265,13 @@ def test_the_last_committed_mark_is_found_behind_a_run_of_aborted_batches(
     marks, work = f"aborted-{tag}.outbox", f"aborted-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     writer_id = f"aborted-{tag}.outbox.instance-i0"
-    writer = Producer({"bootstrap.servers": kafka_bootstrap, "transactional.id": writer_id})
-    writer.init_transactions(30)
+    writer = _writer(kafka_bootstrap, writer_id)
     writer.begin_transaction()
-    writer.produce(marks, OutboxMark(seq=5, writer=writer_id).to_bytes(), MARK_KEY, partition=1)
+    _mark(writer, marks, 5, writer_id)
     writer.commit_transaction(30)
     for seq in range(6, 46):  # 40 batches that never commit
         writer.begin_transaction()
-        writer.produce(marks, OutboxMark(seq=seq, writer=writer_id).to_bytes(), MARK_KEY,
-                       partition=1)
+        _mark(writer, marks, seq, writer_id)
         writer.flush(10)
         writer.abort_transaction(30)
     taker = KafkaOutbox(kafka_bootstrap, transactional_id=f"aborted-{tag}.outbox.instance-i1",

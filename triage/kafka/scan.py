@@ -24,6 +24,11 @@ class ScanTimeoutError(Exception):
     """The scan's deadline passed before every partition was read to its end."""
 
 
+class ReadTimeoutError(KafkaException):
+    """`read_to_end` did not reach the partition's end in time (a KafkaException, so the
+    outbox's retry loop retries it like any transport error)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Read:
     partition: int
@@ -105,7 +110,7 @@ def read_to_end(consumer: Consumer, what: str, *, timeout_s: float, poll_s: floa
     """The messages of the consumer's one assigned partition, until its end: the end of
     partition event (the consumer must have ``enable.partition.eof`` set; under
     read_committed it comes at the last stable offset), or the message at `end - 1`.
-    Raises KafkaException on a read error, and a timed-out one naming `what` when the
+    Raises KafkaException on a read error, and ReadTimeoutError naming `what` when the
     end is not reached within `timeout_s`. One loop for the readers of small control
     partitions (outbox marks, routes) instead of one per module."""
     deadline = time.monotonic() + timeout_s
@@ -121,4 +126,4 @@ def read_to_end(consumer: Consumer, what: str, *, timeout_s: float, poll_s: floa
         yield msg
         if end is not None and (msg.offset() or 0) + 1 >= end:
             return
-    raise KafkaException(KafkaError(KafkaError._TIMED_OUT, f"reading {what}"))
+    raise ReadTimeoutError(KafkaError(KafkaError._TIMED_OUT, f"reading {what}"))

@@ -25,7 +25,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -139,7 +139,7 @@ class TxnLane:
             return p
         return self._retry("start the transactional producer", make)
 
-    def publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: set[int],
+    def publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: Collection[int],
                      stopping: Callable[[], bool], also_marks: str | None = None,
                      still_member: Callable[[], bool] | None = None) -> None:
         """One transaction: the marks (on `also_marks` too: the other lane's, when this
@@ -150,7 +150,7 @@ class TxnLane:
         with self.busy:
             self._publish_once(seq, batch, mark_partitions, stopping, also_marks, still_member)
 
-    def _publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: set[int],
+    def _publish_once(self, seq: int, batch: Iterable[Output], mark_partitions: Collection[int],
                       stopping: Callable[[], bool], also_marks: str | None,
                       still_member: Callable[[], bool] | None) -> None:
         p = self.producer

@@ -309,9 +309,9 @@ class KafkaOutbox(BatchedOutbox):
         those owned now)."""
         txn = self.replies if lane == "replies" and self.replies is not None else self.work
         also = self.replies.marks_topic if lane == "both" and self.replies is not None else None
+        shards = frozenset(self.mark_partitions) if marks is None else marks
         self._retry(f"commit output batch {seq}", lambda: txn.publish_once(
-            seq, batch, set(self.mark_partitions if marks is None else marks),
-            lambda: self.stopping, also, still_member))
+            seq, batch, shards, lambda: self.stopping, also, still_member))
         self.last_commit_at = time.monotonic()
 
     def flush(self, timeout_s: float = 10.0) -> int:

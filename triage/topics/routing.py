@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from triage.config.models import TriageConfig
 from triage.kafka.clients import make_consumer, make_producer
-from triage.kafka.scan import read_to_end
+from triage.kafka.scan import ReadTimeoutError, read_to_end
 from triage.topics.messages import Route
 from triage.topics.names import TopicNames
 from triage.topics.shards import shard_of_model
@@ -96,13 +96,9 @@ def read_routes(bootstrap: str, names: TopicNames, *, timeout_s: float = READ_TI
                                 exc.errors()[0]["msg"] if exc.errors() else exc)
                     continue
                 routes[route.model] = route.partition
-            return routes
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            if not (isinstance(err, KafkaError) and err.code() == KafkaError._TIMED_OUT):
-                raise
-        log.warning("routes: read %d of them before the %.0f s timeout; the rest go by key",
-                    len(routes), timeout_s)
+        except ReadTimeoutError:
+            log.warning("routes: read %d of them before the %.0f s timeout; the rest go by "
+                        "key", len(routes), timeout_s)
         return routes
     finally:
         c.close()
