@@ -150,9 +150,16 @@ def _owners(bootstrap: str, group: str, topic: str) -> dict[int, str]:
 
 
 def _held(log: Path) -> set[int]:
-    """The shards an instance's log says it holds now (adopted and not handed over)."""
+    """The shards an instance's log says it holds now (adopted and not handed over), as
+    its latest process wrote it: an instance restarted under its name appends to the same
+    log, and what the process before it held (it need not log a hand-over on the way
+    out) is not held by the new one, which the group may give another shard."""
     held: set[int] = set()
-    for n, what in re.findall(r"shard (\d+) (adopted|handed over)", log.read_text()):
+    last_pid = None
+    for pid, n, what in re.findall(r"\[(\d+)\] \[INFO\] shard (\d+) (adopted|handed over)",
+                                   log.read_text()):
+        if pid != last_pid:
+            held, last_pid = set(), pid
         (held.add if what == "adopted" else held.discard)(int(n))
     return held
 
