@@ -25,7 +25,8 @@ FIELDS = ("completed_per_s", "decisions_per_s", "p50_ms", "p99_ms", "warmup_p99_
           "broker_produce_per_s", "broker_consume_per_s", "faust_relay_ceiling_per_s",
           "faust_table_ceiling_per_s", "faust_skeleton_ceiling_per_s",
           "faust_relay_cpu_us_per_msg", "faust_table_cpu_us_per_msg",
-          "faust_skeleton_cpu_us_per_request")
+          "faust_skeleton_cpu_us_per_request", "faust_matched_skeleton_ceiling_per_s",
+          "faust_matched_skeleton_cpu_us_per_request")
 SMALL = ["--repetitions", "1", "--latency-rate", "200", "--latency-requests", "200",
          "--warmup-requests", "50",
          "--burst-requests", "300", "--broker-messages", "2000", "--ceiling-messages", "300"]
@@ -74,6 +75,8 @@ def test_a_small_run_reports_every_figure_with_consistent_ratios(
         res["admission_cpu_us_per_request"] / 1000, rel=0.01)
     (rep,) = res["per_repetition"]
     assert rep["burst_completed"] == rep["burst_decided"] == 300, rep
+    assert 0.0 <= rep["burst_queued_share"] <= 1.0
+    assert rep["matched_items_per_message"] >= 1.0  # the batcher sent every work item back
     assert rep["latency_decided"] == 200
     assert res["warmup_requests"] == 50
     latency = json.loads((Path(res["run_dir"]) / "r1" / "latency.json").read_text())

@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from triage.bench.batcher import batch_bytes
+from triage.bench.ceiling_app import QueuedShare
 from triage.bench.children import Fleet, cpu_seconds
 from triage.bench.pipeline import bench_config, instances_problem, summarize
 from triage.cli.common import ExitCode
@@ -50,6 +52,22 @@ def test_a_missing_figure_gives_no_ratio_rather_than_a_wrong_one() -> None:
     assert out["triage_cpu_vs_skeleton"] is None
     assert out["admission_cpu_s_per_1000_requests"] is None
     assert out["triage_vs_skeleton"] == 0.5
+
+
+@pytest.mark.parametrize("share", [0.0, 0.25, 0.944, 1.0])
+def test_the_matched_skeleton_queues_its_share_of_every_prefix(share: float) -> None:
+    queued = QueuedShare(share)
+    taken = 0
+    for n in range(1, 2001):
+        taken += queued.next()
+        assert abs(taken - share * n) <= 1.0, (n, taken)
+    with pytest.raises(ValueError, match=r"outside 0\.\.1"):
+        QueuedShare(1.5)
+
+
+def test_a_batch_of_work_items_is_one_json_list_of_them() -> None:
+    items = [b'{"request_id": "a"}', b'{"request_id": "b", "n": [1]}']
+    assert json.loads(batch_bytes(items)) == [{"request_id": "a"}, {"request_id": "b", "n": [1]}]
 
 
 def test_tenants_are_as_many_as_asked_each_with_its_topic(tmp_path: Path) -> None:

@@ -9,7 +9,17 @@ admission work, so what they sustain is what the engine allows.
   and answered with three outputs (a reply, a decision record, a work item); the work
   item is read back as the request's completion (no worker in between), written to the
   table again and answered with two more (the final reply, a decision record):
-  2 events, 2 table writes, 5 outputs per request.
+  2 events, 2 table writes, 5 outputs per request (the scale issue's yardstick);
+- matched: the path triage's own burst took in the same repetition, so the two compare
+  for the same events, writes and outputs per request. The work items go through a
+  batcher (batcher.py, in the bench's process, as the workers' completions do) that
+  sends them back in messages of up to `completion_batch_max` items, so completions
+  cost an event per message, not per request; and the share `queued_share` of the
+  requests that triage queued before starting them is also answered `queued` (a reply
+  and a decision record) and written to the table as queued first. In triage the
+  start comes on a later event (another request's completion), so the events stay
+  those of a request and of its completion message: 1 + 1/batch events, 2 + q table
+  writes, 5 + 2q outputs per request.
 
 Each request's last output goes to `<base>.out`, which the bench counts.
 """
@@ -37,6 +47,10 @@ class CeilingKind(StrEnum):
     RELAY = "relay"
     TABLE = "table"
     SKELETON = "skeleton"
+    MATCHED = "matched"
+
+
+SKELETONS = frozenset({CeilingKind.SKELETON, CeilingKind.MATCHED})
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,11 @@ class CeilingTopics:
         return f"{self.base}.work"
 
     @property
+    def done(self) -> str:
+        """Where the matched skeleton's batcher sends the work items back, batched."""
+        return f"{self.base}.done"
+
+    @property
     def replies(self) -> str:
         return f"{self.base}.replies"
 
@@ -66,7 +85,7 @@ class CeilingTopics:
         return f"{self.base}.decisions"
 
     def all(self) -> list[str]:
-        return [self.inputs, self.out, self.work, self.replies, self.decisions]
+        return [self.inputs, self.out, self.work, self.done, self.replies, self.decisions]
 
 
 def _reply(rid: str, status: str) -> bytes:
@@ -86,19 +105,38 @@ def _record(outbox: KafkaOutbox, key: bytes, value: bytes) -> bytes:
     return b"\n".join([value, *(v for _, _, v in pending)])
 
 
+class QueuedShare:
+    """Which requests of a stream take the queued path: every one that brings the running
+    sum of `share` past a whole number, so any prefix of n requests holds share x n
+    of them, give or take one."""
+
+    def __init__(self, share: float) -> None:
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"queued share {share} is outside 0..1")
+        self._share = share
+        self._sum = 0.0
+
+    def next(self) -> bool:
+        before = self._sum
+        self._sum += self._share
+        return int(self._sum + 1e-9) > int(before + 1e-9)
+
+
 def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
-                      datadir: str) -> faust.App:
-    """The ceiling app of `kind` on the topics under `base` (created by the bench)."""
+                      datadir: str, queued_share: float = 0.0) -> faust.App:
+    """The ceiling app of `kind` on the topics under `base` (created by the bench);
+    `queued_share` is the matched skeleton's (above)."""
     use_kafka_security(config.kafka)
     topics = CeilingTopics(base)
     app_id = f"{base}.app"
     # the same lanes as the app's: work items on one, what answers the client on the other
     reply_topics = {topics.out, topics.replies, topics.decisions}
     outbox = start_outbox(config, app_id, reply_topics.__contains__)
-    install_patches(rf"^{re.escape(base)}\.(in|work)$")
+    install_patches(rf"^{re.escape(base)}\.(in|work|done)$")
     app = faust_app(config, app_id, datadir=datadir)
     inputs = app.topic(topics.inputs, **RAW_TOPIC)
-    work = app.topic(topics.work, **RAW_TOPIC)
+    work = app.topic(topics.done if kind is CeilingKind.MATCHED else topics.work, **RAW_TOPIC)
+    queued = QueuedShare(queued_share)
     changelog = ChangelogProducer(config.kafka.bootstrap_servers)
     table = None if kind is CeilingKind.RELAY else raw_table(app, "records", changelog)
     committer = Committer(app, outbox, Health(), changelog)
@@ -119,7 +157,12 @@ def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
             key, value = event.key, event.value
             d = json.loads(value)
             rid = d["request_id"]
-            if kind is CeilingKind.SKELETON:
+            if kind is CeilingKind.MATCHED and queued.next():
+                outbox.send_raw(topics.replies, key, _reply(rid, "queued"))
+                outbox.send_raw(topics.decisions, key, _decision(rid, "queue", d))
+                assert table is not None
+                table[key] = _record(outbox, key, value)
+            if kind in SKELETONS:
                 outbox.send_raw(topics.replies, key, _reply(rid, "accepted"))
                 outbox.send_raw(topics.decisions, key, _decision(rid, "accept", d))
                 outbox.send_raw(topics.work, key, value)
@@ -128,18 +171,22 @@ def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
             if table is not None:
                 table[key] = _record(outbox, key, value)
 
-    if kind is CeilingKind.SKELETON:
+    if kind in SKELETONS:
         assert table is not None
 
         @app.agent(work, concurrency=1)
         async def completions(stream: Any) -> None:
             async for event in stream.events():
-                key, value = event.key, event.value
-                d = json.loads(value)
-                rid = d["request_id"]
-                outbox.send_raw(topics.out, key, _reply(rid, "completed"))
-                outbox.send_raw(topics.decisions, key, _decision(rid, "complete", d))
-                table[key] = _record(outbox, key, value)
+                # the matched skeleton's messages are JSON lists of work items (batcher.py)
+                items = ([(event.key, event.value, json.loads(event.value))]
+                         if kind is CeilingKind.SKELETON else
+                         [(d["request_id"].encode(), None, d) for d in json.loads(event.value)])
+                for key, value, d in items:
+                    rid = d["request_id"]
+                    reply = _reply(rid, "completed")
+                    outbox.send_raw(topics.out, key, reply)
+                    outbox.send_raw(topics.decisions, key, _decision(rid, "complete", d))
+                    table[key] = _record(outbox, key, value or reply)
 
     @app.task
     async def commit_outputs() -> None:

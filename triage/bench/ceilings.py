@@ -20,8 +20,10 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
+from triage.bench.batcher import WorkBatcher
 from triage.bench.ceiling_app import CeilingKind, CeilingTopics
 from triage.bench.children import BenchStartError, Fleet, cpu_seconds
+from triage.config.models import WorkerConfig
 from triage.demo.processes import ChildProcess
 from triage.kafka.clients import make_consumer, make_producer, produce_waiting
 from triage.topics.admin import TopicSpec, ensure_topics
@@ -133,16 +135,24 @@ class OutputCounter:
 
 
 def faust_ceiling(fleet: Fleet, *, kind: CeilingKind, bootstrap: str, config_path: Path,
-                  base: str, n: int, run_dir: Path) -> dict[str, float]:
+                  base: str, n: int, run_dir: Path, queued_share: float = 0.0,
+                  worker: WorkerConfig | None = None) -> dict[str, float]:
     """Start the ceiling app, warm it up with one message, offer `n` flat out, and wait
-    for their last outputs. Returns requests (or messages) per second and CPU µs each."""
+    for their last outputs. Returns requests (or messages) per second and CPU µs each.
+    The matched skeleton takes triage's `queued_share`, and its batcher the `worker`
+    settings (ceiling_app.py)."""
     topics = CeilingTopics(base)
     ensure_topics(bootstrap, [TopicSpec(t, TopicKind.ADMISSION, 1, 1) for t in topics.all()])
     counter = OutputCounter(bootstrap, topics.out, b"m-")
     child = ChildProcess(f"ceiling-{kind}", [
         "bench", "ceiling-app", "--config", str(config_path), "--kind", kind.value,
         "--base", base, "--datadir", str(run_dir / f"{base}-data"),
+        "--queued-share", repr(queued_share),
     ], run_dir / f"{base}.log")
+    w = worker or WorkerConfig()
+    batcher = WorkBatcher(bootstrap, topics.work, topics.done, max_items=w.completion_batch_max,
+                          linger_s=w.completion_linger_ms / 1000) \
+        if kind is CeilingKind.MATCHED else None
     try:
         fleet.start(child)
         assert child.proc is not None
@@ -163,8 +173,13 @@ def faust_ceiling(fleet: Fleet, *, kind: CeilingKind, bootstrap: str, config_pat
         _produce_all(bootstrap, topics.inputs, payloads)
         _wait_for(counter, n, child, timeout_s=60 + n / 50)
         cpu_s = cpu_seconds(child.proc.pid) - cpu0
-        return {"per_s": counter.rate(start_ms), "cpu_us": cpu_s / n * 1e6}
+        out = {"per_s": counter.rate(start_ms), "cpu_us": cpu_s / n * 1e6}
+        if batcher is not None:
+            out["items_per_message"] = batcher.items / max(1, batcher.messages)
+        return out
     finally:
+        if batcher is not None:
+            batcher.stop()
         counter.stop()
         fleet.stop(child)
 

@@ -58,6 +58,7 @@ MAX_TENANTS = 2_000  # each is a request topic the app subscribes to
 def tenant_names(n: int) -> list[str]:
     return [f"t{i}" for i in range(n)]
 COMPLETE = "complete"  # the outcome of a decision record at a request's end
+QUEUE = "queue"  # the outcome of a request's first decision when it waits before it starts
 STALL_S = 20.0  # waiting for decisions ends when none came for this long
 
 
@@ -112,6 +113,7 @@ class DecisionClock:
         self._c.assign([TopicPartition(topic, n, OFFSET_END)
                         for n in sorted(md.topics[topic].partitions)])
         self.first: dict[str, int] = {}  # request_id -> decision at_ms
+        self.first_outcome: dict[str, str] = {}  # request_id -> its first decision's outcome
         # request_id -> when this read_committed reader got its first decision record
         # (what a client sees: after the record's transaction committed)
         self.seen: dict[str, int] = {}
@@ -136,7 +138,9 @@ class DecisionClock:
                 rid = d.get("request_id")
                 if rid is None:
                     continue
-                self.first.setdefault(rid, int(d["at_ms"]))
+                if rid not in self.first:
+                    self.first[rid] = int(d["at_ms"])
+                    self.first_outcome[rid] = str(d.get("outcome"))
                 self.seen.setdefault(rid, int(time.time() * 1000))
                 if d.get("outcome") == COMPLETE:
                     self.done.setdefault(rid, int(d["at_ms"]))
@@ -279,6 +283,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
         decided = [clock.first[r] for r in burst_ids if r in clock.first]
         done = [clock.done[r] for r in burst_ids if r in clock.done]
         since = min(burst_ids.values())
+        queued = sum(1 for r in burst_ids if clock.first_outcome.get(r) == QUEUE)
         return {
             "completed_per_s": _rate(done, since),
             "decisions_per_s": _rate(decided, since),
@@ -294,6 +299,7 @@ def triage_phase(fleet: Fleet, server: str, cfg: TriageConfig, cfg_path: Path, r
                                          if paced_done else None),
             "burst_offered_per_s": burst_offered, "burst_decided": len(decided),
             "burst_completed": len(done), "latency_offered_per_s": offered,
+            "burst_queued_share": queued / len(decided) if decided else None,
             "latency_decided": len(lat), "completions_per_message": per_message,
         }
     finally:
@@ -326,7 +332,9 @@ def _last_line(child: ChildProcess) -> str:
 CEILINGS = ((CeilingKind.RELAY, "faust_relay_ceiling_per_s", "faust_relay_cpu_us_per_msg"),
             (CeilingKind.TABLE, "faust_table_ceiling_per_s", "faust_table_cpu_us_per_msg"),
             (CeilingKind.SKELETON, "faust_skeleton_ceiling_per_s",
-             "faust_skeleton_cpu_us_per_request"))
+             "faust_skeleton_cpu_us_per_request"),
+            (CeilingKind.MATCHED, "faust_matched_skeleton_ceiling_per_s",
+             "faust_matched_skeleton_cpu_us_per_request"))
 
 
 def repetition(fleet: Fleet, server: str, run_prefix: str, run_dir: Path, rep: int, *,
@@ -355,18 +363,24 @@ def repetition(fleet: Fleet, server: str, run_prefix: str, run_dir: Path, rep: i
     for kind, rate_key, cpu_key in CEILINGS:
         c = faust_ceiling(fleet, kind=kind, bootstrap=server, config_path=ceiling_path,
                           base=f"{run_prefix}-c{rep}-{kind.value}", n=ceiling_messages,
-                          run_dir=rep_dir)
+                          run_dir=rep_dir, queued_share=out.get("burst_queued_share") or 0.0,
+                          worker=cfg.worker)
         out[rate_key], out[cpu_key] = c["per_s"], c["cpu_us"]
+        if "items_per_message" in c:
+            out["matched_items_per_message"] = c["items_per_message"]
     return out
 
 
 RATIOS = (  # name, numerator, denominator
     ("triage_vs_skeleton", "completed_per_s", "faust_skeleton_ceiling_per_s"),
+    ("triage_vs_matched_skeleton", "completed_per_s", "faust_matched_skeleton_ceiling_per_s"),
     ("skeleton_vs_table", "faust_skeleton_ceiling_per_s", "faust_table_ceiling_per_s"),
     ("table_vs_relay", "faust_table_ceiling_per_s", "faust_relay_ceiling_per_s"),
     ("relay_vs_broker", "faust_relay_ceiling_per_s", "broker_per_s"),
     ("triage_cpu_vs_skeleton", "admission_cpu_us_per_request",
      "faust_skeleton_cpu_us_per_request"),
+    ("triage_cpu_vs_matched_skeleton", "admission_cpu_us_per_request",
+     "faust_matched_skeleton_cpu_us_per_request"),
 )
 
 
@@ -376,7 +390,8 @@ def summarize(reps: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in reps[0]:
         values = [r[key] for r in reps if isinstance(r.get(key), int | float)]
-        out[key] = round(float(statistics.median(values)), 1) if values else None
+        digits = 3 if key.endswith("_share") else 1
+        out[key] = round(float(statistics.median(values)), digits) if values else None
     brokers = [out.get("broker_produce_per_s"), out.get("broker_consume_per_s")]
     out["broker_per_s"] = min(brokers) if all(brokers) else None  # type: ignore[type-var]
     cpu = out["admission_cpu_us_per_request"]

@@ -235,7 +235,12 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
         f"  faust table     {f('faust_table_ceiling_per_s')} msgs/s, "
         f"{f('faust_table_cpu_us_per_msg')} us CPU each",
         f"  faust skeleton  {f('faust_skeleton_ceiling_per_s')} requests/s, "
-        f"{f('faust_skeleton_cpu_us_per_request')} us CPU each",
+        f"{f('faust_skeleton_cpu_us_per_request')} us CPU each (2 events, 2 writes, 5 "
+        f"outputs)",
+        f"  faust matched   {f('faust_matched_skeleton_ceiling_per_s')} requests/s, "
+        f"{f('faust_matched_skeleton_cpu_us_per_request')} us CPU each (triage's path: "
+        f"{f('burst_queued_share')} queued first, "
+        f"{f('matched_items_per_message')} completions per message)",
         f"  triage          {f('completed_per_s')} completed/s, {f('decisions_per_s')} "
         f"first decisions/s, {f('admission_cpu_us_per_request')} us admission CPU per "
         f"completed request ({f('admission_cpu_s_per_1000_requests')} s per 1,000); "
@@ -243,7 +248,8 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
         f"({f('paced_cpu_us_per_request')} us CPU per request at that rate) "
         f"(visible to a client: p99 {f('visible_p99_ms')} ms); "
         f"{f('completions_per_message')} completions per message",
-        f"  ratios          triage/skeleton {f('triage_vs_skeleton')}, skeleton/table "
+        f"  ratios          triage/skeleton {f('triage_vs_skeleton')}, triage/matched "
+        f"skeleton {f('triage_vs_matched_skeleton')}, skeleton/table "
         f"{f('skeleton_vs_table')}, table/relay {f('table_vs_relay')}, relay/broker "
         f"{f('relay_vs_broker')}",
     ]
@@ -252,9 +258,11 @@ def _pipeline_lines(r: dict[str, Any]) -> list[str]:
 @app.command("ceiling-app", hidden=True)
 def ceiling_app(
     config: Path = typer.Option(..., "--config", help="The bench run's config."),
-    kind: str = typer.Option(..., help="relay, table or skeleton."),
+    kind: str = typer.Option(..., help="relay, table, skeleton or matched."),
     base: str = typer.Option(..., help="The app's topics are <base>.in, <base>.out, ..."),
     datadir: Path = typer.Option(..., help="RocksDB directory of this app."),
+    queued_share: float = typer.Option(0.0, min=0.0, max=1.0,
+                                       help="matched: the share of requests queued first."),
 ) -> None:
     """One ceiling app of `bench pipeline` (the bench runs it as a child process)."""
     import faust
@@ -264,5 +272,6 @@ def ceiling_app(
     cfg = load_or_exit(config)
     logging.getLogger("faust").setLevel(logging.WARNING)  # as `triage admission` does
     datadir.mkdir(parents=True, exist_ok=True)
-    built = build_ceiling_app(cfg, CeilingKind(kind), base, datadir=str(datadir))
+    built = build_ceiling_app(cfg, CeilingKind(kind), base, datadir=str(datadir),
+                              queued_share=queued_share)
     faust.Worker(built, loglevel="warn", quiet=True).execute_from_commandline()
