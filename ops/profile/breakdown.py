@@ -38,5 +38,6 @@ def main(path: str) -> None:
     for name, n in c.most_common():
         print(f"  {100*n/total:5.1f}%  {name}")
 
-for p in sys.argv[1:]:
+if __name__ == "__main__":
+  for p in sys.argv[1:]:
     main(p)

@@ -26,6 +26,10 @@ LEARNED = "learned"  # "predictor" -> the predictor's snapshot (JSON object)
 TABLES = (REQUESTS, BUCKETS, LEARNED)
 
 ENVELOPE = b"TX1"  # a record JSON starts with "{": the prefix cannot be mistaken
+ENVELOPE2 = b"TX2"  # the same, its outputs and bucket framed in binary (wrap)
+_COUNTS = struct.Struct(">I?")  # outputs, whether a bucket follows
+_BUCKET = struct.Struct(">ddqq")  # level, updated, stamp
+_OUTPUT = struct.Struct(">qHI")  # batch, topic length, value length (then both)
 Stamp = tuple[int, int]  # (outbox batch, operation within the process): newer is larger
 PendingOut = tuple[int, str, bytes]
 
@@ -48,20 +52,28 @@ class Envelope(NamedTuple):
 
 def wrap(record: bytes, outputs: Iterable[PendingOut] = (), bucket: Bucket | None = None,
          ) -> bytes:
-    """Record bytes, in an envelope when there is something to carry beside them."""
-    outs = list(outputs)
+    """Record bytes, in an envelope when there is something to carry beside them: the
+    outputs and the bucket framed in binary (ENVELOPE2), so the outputs' JSON is copied
+    as it is, not escaped into a JSON string (which cost ~9% of the handlers' CPU)."""
+    outs = outputs if isinstance(outputs, list) else list(outputs)
     if not outs and bucket is None:
         return record
-    meta = orjson.dumps({
-        "o": [[seq, topic, value.decode("latin-1")] for seq, topic, value in outs],
-        "b": None if bucket is None else [bucket.level, bucket.updated, *bucket.stamp],
-    })
-    return ENVELOPE + struct.pack(">I", len(meta)) + meta + record
+    parts = [ENVELOPE2, _COUNTS.pack(len(outs), bucket is not None)]
+    if bucket is not None:
+        parts.append(_BUCKET.pack(bucket.level, bucket.updated, *bucket.stamp))
+    for seq, topic, value in outs:
+        t = topic.encode()
+        parts += (_OUTPUT.pack(seq, len(t), len(value)), t, value)
+    parts.append(record)
+    return b"".join(parts)
 
 
 def unwrap(raw: bytes) -> Envelope:
+    if raw.startswith(ENVELOPE2):
+        return _unwrap_binary(raw)
     if not raw.startswith(ENVELOPE):
         return Envelope(raw, [], None)
+    # the JSON envelope written before ENVELOPE2 (records and changelogs kept from then)
     n = struct.unpack_from(">I", raw, len(ENVELOPE))[0]
     start = len(ENVELOPE) + 4
     meta = orjson.loads(raw[start:start + n])
@@ -69,6 +81,28 @@ def unwrap(raw: bytes) -> Envelope:
     b = meta.get("b")
     bucket = None if not b else Bucket(float(b[0]), float(b[1]), (int(b[2]), int(b[3])))
     return Envelope(raw[start + n:], outs, bucket)
+
+
+def _unwrap_binary(raw: bytes) -> Envelope:
+    at = len(ENVELOPE2)
+    n, has_bucket = _COUNTS.unpack_from(raw, at)
+    at += _COUNTS.size
+    bucket = None
+    if has_bucket:
+        level, updated, s0, s1 = _BUCKET.unpack_from(raw, at)
+        bucket = Bucket(level, updated, (s0, s1))
+        at += _BUCKET.size
+    outs: list[PendingOut] = []
+    for _ in range(n):
+        seq, tlen, vlen = _OUTPUT.unpack_from(raw, at)
+        at += _OUTPUT.size
+        topic = raw[at:at + tlen].decode()
+        at += tlen
+        outs.append((seq, topic, raw[at:at + vlen]))
+        at += vlen
+    if at > len(raw):
+        raise ValueError(f"a record envelope cut short: {len(raw)} bytes, framing names {at}")
+    return Envelope(raw[at:], outs, bucket)
 
 
 class StateStore(Protocol):
