@@ -127,6 +127,30 @@ def core(
                    f"queued: median {row['median_us']} us, p99 {row['p99_us']} us")
 
 
+@app.command("handlers")
+def handlers(
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    requests: int = typer.Option(10_000, min=100, max=1_000_000,
+                                 help="Requests offered at once (each completes)."),
+    tenants: int = typer.Option(4, min=1, max=2_000, help="Tenants they are spread over."),
+    prompt_bytes: int = typer.Option(150, min=1, max=400_000,
+                                     help="Prompt text per request."),
+) -> None:
+    """CPU per request of the admission app's own code (handlers, core, records,
+    replies, audit) without Kafka, Faust or RocksDB: the pipeline bench's flat-out
+    phase over the in-memory store, completions ten to a message."""
+    from triage.bench.handlers import run
+
+    out = run(requests=requests, tenants=tenants, prompt_bytes=prompt_bytes)
+    if json_out:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"{out['cpu_us_per_request']} us CPU per request over {out['requests']:,} "
+               f"requests ({out['queued_first']:,} queued first, {out['completed']:,} "
+               f"completed, {out['outputs_per_request']:.2f} outputs each), "
+               f"{out['tenants']} tenants, {out['prompt_bytes']}-byte prompts")
+
+
 @app.command("pipeline")
 def pipeline(
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object."),
