@@ -150,10 +150,12 @@ def faust_ceiling(fleet: Fleet, *, kind: CeilingKind, bootstrap: str, config_pat
         "--queued-share", repr(queued_share),
     ], run_dir / f"{base}.log")
     w = worker or WorkerConfig()
-    batcher = WorkBatcher(bootstrap, topics.work, topics.done, max_items=w.completion_batch_max,
-                          linger_s=w.completion_linger_ms / 1000) \
-        if kind is CeilingKind.MATCHED else None
+    batcher: WorkBatcher | None = None
     try:
+        if kind is CeilingKind.MATCHED:
+            batcher = WorkBatcher(bootstrap, topics.work, topics.done,
+                                  max_items=w.completion_batch_max,
+                                  linger_s=w.completion_linger_ms / 1000)
         fleet.start(child)
         assert child.proc is not None
         deadline = time.monotonic() + READY_S
