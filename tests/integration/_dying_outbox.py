@@ -29,7 +29,7 @@ outbox.mark_partitions.add(1)
 for seq, lane, topic, value in BATCHES:
     topic = work if topic == "work" else replies
     outbox.publish(seq, [(topic, b"k", v.encode(), 1, None) for v in value.split(",")],
-                   lane=lane)
+                   lane=lane, marks=outbox.mark_partitions)
 """
 
 Batch = tuple[int, str, str, str]  # seq, lane, "work" or "replies", comma-separated values

@@ -99,10 +99,10 @@ def test_a_fenced_outbox_refuses_to_send_its_batch_again(kafka_bootstrap: str) -
     marks, work = f"fenced-{tag}.outbox", f"fenced-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     zombie = _writing_shard_1(kafka_bootstrap, f"fenced-{tag}.outbox.instance-i0", marks)
-    zombie.publish(1, [(work, b"k", b"before", 1, None)])
+    zombie.publish(1, [(work, b"k", b"before", 1, None)], marks=zombie.mark_partitions)
     _writer(kafka_bootstrap, f"fenced-{tag}.outbox.instance-i0")  # what a takeover's fence does
     with pytest.raises(OutboxFencedError):
-        zombie.publish(2, [(work, b"k", b"after", 1, None)])
+        zombie.publish(2, [(work, b"k", b"after", 1, None)], marks=zombie.mark_partitions)
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
 
 
@@ -142,9 +142,11 @@ def test_a_batch_whose_sender_left_the_group_during_its_marks_is_not_committed(
         asked.append(1)
         return True
 
-    sender.publish(1, [(work, b"k", b"before", 1, None)], still_member=listed)
+    sender.publish(1, [(work, b"k", b"before", 1, None)], still_member=listed,
+                   marks=sender.mark_partitions)
     with pytest.raises(OutboxFencedError, match="no longer lists"):
-        sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=lambda: False)
+        sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=lambda: False,
+                       marks=sender.mark_partitions)
     assert asked == [1]
     assert _committed_values(kafka_bootstrap, work, 1) == [b"before"]
     # nothing left open: the shard's next owner reads batch 1 as the last committed
@@ -194,7 +196,7 @@ def test_a_process_leaving_as_a_zombie_lets_the_send_checks_abort_finish_first(
     marks, work = f"quiesce-{tag}.outbox", f"quiesce-{tag}.work"
     _topics(kafka_bootstrap, marks, work)
     sender = _writing_shard_1(kafka_bootstrap, f"quiesce-{tag}.outbox.instance-i0", marks)
-    sender.publish(1, [(work, b"k", b"before", 1, None)])
+    sender.publish(1, [(work, b"k", b"before", 1, None)], marks=sender.mark_partitions)
     asking, answer = threading.Event(), threading.Event()
 
     def slow_no() -> bool:  # the broker's answer takes a while under load
@@ -206,7 +208,8 @@ def test_a_process_leaving_as_a_zombie_lets_the_send_checks_abort_finish_first(
 
     def publish() -> None:
         try:
-            sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=slow_no)
+            sender.publish(2, [(work, b"k", b"after", 1, None)], still_member=slow_no,
+                           marks=sender.mark_partitions)
         except BaseException as exc:
             failed.append(exc)
 

@@ -40,9 +40,10 @@ def test_a_takeover_reads_each_lanes_last_batch(kafka_bootstrap: str) -> None:
                         shards=2, is_reply=replies.__eq__)
     first.start()
     first.mark_partitions.add(1)
-    first.publish(7, [(work, b"k", b"w7", 1, None)])
-    first.publish(7, [(replies, b"k", b"r7", 1, None)], lane="replies")
-    first.publish(8, [(work, b"k", b"w8", 1, None)])  # then the process dies
+    shards = first.mark_partitions
+    first.publish(7, [(work, b"k", b"w7", 1, None)], marks=shards)
+    first.publish(7, [(replies, b"k", b"r7", 1, None)], lane="replies", marks=shards)
+    first.publish(8, [(work, b"k", b"w8", 1, None)], marks=shards)  # then the process dies
     assert _committed(kafka_bootstrap, work) == [b"w7", b"w8"]
     assert _committed(kafka_bootstrap, replies) == [b"r7"]
     survivor = KafkaOutbox(kafka_bootstrap, transactional_id=f"{tag}.outbox.i1",

@@ -125,7 +125,9 @@ class QueuedShare:
 def build_ceiling_app(config: TriageConfig, kind: CeilingKind, base: str, *,
                       datadir: str, queued_share: float = 0.0) -> faust.App:
     """The ceiling app of `kind` on the topics under `base` (created by the bench);
-    `queued_share` is the matched skeleton's (above)."""
+    `queued_share` is the matched skeleton's (above), and only its."""
+    if queued_share and kind is not CeilingKind.MATCHED:
+        raise ValueError(f"a queued share is the matched skeleton's, not the {kind} app's")
     use_kafka_security(config.kafka)
     topics = CeilingTopics(base)
     app_id = f"{base}.app"

@@ -144,15 +144,16 @@ def faust_ceiling(fleet: Fleet, *, kind: CeilingKind, bootstrap: str, config_pat
     topics = CeilingTopics(base)
     ensure_topics(bootstrap, [TopicSpec(t, TopicKind.ADMISSION, 1, 1) for t in topics.all()])
     counter = OutputCounter(bootstrap, topics.out, b"m-")
+    matched = kind is CeilingKind.MATCHED
     child = ChildProcess(f"ceiling-{kind}", [
         "bench", "ceiling-app", "--config", str(config_path), "--kind", kind.value,
         "--base", base, "--datadir", str(run_dir / f"{base}-data"),
-        "--queued-share", repr(queued_share),
+        *(["--queued-share", repr(queued_share)] if matched else []),
     ], run_dir / f"{base}.log")
-    w = worker or WorkerConfig()
     batcher: WorkBatcher | None = None
     try:
-        if kind is CeilingKind.MATCHED:
+        if matched:
+            w = worker or WorkerConfig()
             batcher = WorkBatcher(bootstrap, topics.work, topics.done,
                                   max_items=w.completion_batch_max,
                                   linger_s=w.completion_linger_ms / 1000)

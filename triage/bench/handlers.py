@@ -28,7 +28,13 @@ from triage.streams.metrics import AdmissionMetrics
 from triage.streams.outbox import BatchedOutbox
 from triage.streams.service import AdmissionService
 from triage.streams.store import MappingStore
-from triage.topics.messages import Completion, CompletionBatch, CompletionStatus, WorkItem
+from triage.topics.messages import (
+    Completion,
+    CompletionBatch,
+    CompletionStatus,
+    LiveState,
+    WorkItem,
+)
 from triage.topics.names import TopicNames
 
 COMMIT_EVERY = 100  # inputs per sealed batch (a flat-out committer's batches hold ~100-300)
@@ -108,7 +114,7 @@ def run(*, requests: int = 10_000, tenants: int = 4, prompt_bytes: int = 150) ->
         if messages % TICK_EVERY == 0:
             svc.on_tick(now)
         handler_s += time.process_time() - started
-    done = sum(1 for r in store.requests() if r.state.value == "done")
+    done = sum(1 for r in store.requests() if r.state is LiveState.DONE)
     return {"requests": requests, "tenants": tenants, "prompt_bytes": prompt_bytes,
             "completed": done, "queued_first": queued, "completion_messages": messages,
             "outputs": out.sent, "outputs_per_request": out.sent / requests,

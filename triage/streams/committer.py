@@ -193,7 +193,8 @@ class Committer:
                 raise OutboxFencedError(f"batch {seq}: no longer a member of its group")
             if self.send_check is not None:
                 still_member = self.send_check()
-        await asyncio.to_thread(self.outbox.publish, seq, outputs, lane, still_member, marks)
+        await asyncio.to_thread(self.outbox.publish, seq, outputs, lane, still_member,
+                                marks=marks)
 
     async def _flush_changelog(self) -> None:
         """Faust's own flush and the tables' changelog writer's, retried through broker

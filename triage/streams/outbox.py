@@ -298,20 +298,19 @@ class KafkaOutbox(BatchedOutbox):
         self._plain.poll(0)
 
     def publish(self, seq: int, batch: list[Output], lane: Lane = "work",
-                still_member: Callable[[], bool] | None = None,
-                marks: Collection[int] | None = None) -> None:
+                still_member: Callable[[], bool] | None = None, *,
+                marks: Collection[int]) -> None:
         """Send outputs and the lane's marker in one transaction (blocking; retries with
         backoff through broker outages until it commits or stop() is called). `lane`:
         "work", a sealed batch's work part; "replies", the reply parts of batches up to
         `seq`; "both", a whole batch on the work lane, marked on both lanes.
         `still_member`: asked once the marks are on the broker (lapse.py, SendCheck).
-        `marks`: the shards the batch speaks for, as owned when it was sealed (default:
-        those owned now)."""
+        `marks`: the shards the batch speaks for, as owned when it was sealed (the
+        committer takes them at the seal: shards adopted since are not this batch's)."""
         txn = self.replies if lane == "replies" and self.replies is not None else self.work
         also = self.replies.marks_topic if lane == "both" and self.replies is not None else None
-        shards = frozenset(self.mark_partitions) if marks is None else marks
         self._retry(f"commit output batch {seq}", lambda: txn.publish_once(
-            seq, batch, shards, lambda: self.stopping, also, still_member))
+            seq, batch, marks, lambda: self.stopping, also, still_member))
         self.last_commit_at = time.monotonic()
 
     def flush(self, timeout_s: float = 10.0) -> int:
