@@ -43,6 +43,35 @@ def test_a_blocked_head_does_not_block_the_later_requests_of_its_own_lane() -> N
     assert "a-0" in started and "a-big" in d.queue.members
 
 
+def test_behind_a_head_the_tightened_pool_holds_only_what_stays_under_the_mark_starts() -> None:
+    """The dispatch pass passes over, without the checks, the requests behind a head the
+    tightened pool holds back that would take its GPU past the high mark: the pass must
+    still start one that lands exactly on the mark, and nothing above it."""
+    tokens = 10_000  # high mark 0.75: 7,500 tokens
+    cfg = config(tenants=[tenant("a"), tenant("b", sla_ms=5_000), tenant("c", sla_ms=5_000)],
+                 gpus=1, kv_budget_gib=tokens * BYTES_PER_TOKEN / GIB)
+    core = AdmissionCore(cfg)
+    d = core.dispatchers["p"]
+    for rid, t in (("b0", "b"), ("c0", "c")):  # two tight tenants, barely served
+        assert core.submit(rid, t, "m8", 150, 50, 0.0)[0].outcome is Outcome.ACCEPT
+    assert core.submit("a-fill", "a", "m8", 2900, 100, 0.0)[0].outcome is Outcome.ACCEPT
+    for i in range(6):
+        assert core.submit(f"a-{i}", "a", "m8", 1000, 100, 0.0)[0].outcome is Outcome.ACCEPT
+    assert d.ledger.slots[0].used == tokens * BYTES_PER_TOKEN  # full
+    d.monitor.tightened = True
+    for rid, prompt in (("a-big", 1400), ("a-mid", 1100), ("a-small", 400)):
+        assert core.submit(rid, "a", "m8", prompt, 100, 0.1)[0].outcome is Outcome.QUEUE
+    assert d.fair.over_share("a", d._hold_tolerance("a"))
+    # 3,000 tokens free up: 7,000 in use. a-big (1,500) and a-mid (1,200) would pass the
+    # mark; a-small (500) lands on it
+    out = core.complete(pool="p", request_id="a-fill", attempt=0, ok=True, output_tokens=50,
+                        prefill_s=0.01, decode_s=0.5, concurrency=2.0, now=0.2)
+    started = [x.request_id for x in out if x.outcome is Outcome.ACCEPT]
+    assert started == ["a-small"]
+    assert set(d.queue.members) == {"a-big", "a-mid"}
+    assert d.ledger.slots[0].used == 7_500 * BYTES_PER_TOKEN
+
+
 def test_admission_never_runs_more_sequences_than_the_engine() -> None:
     """Cause 3: pools[].max_num_seqs bounds what the ledger dispatches per GPU."""
     cfg = TriageConfig.model_validate({

@@ -126,6 +126,15 @@ class QueueServing(PoolOutcomes):
         limit = self.settings.max_concurrency.get(head.tenant) if self.flags.quota else None
         memory = reason is not R.COMPUTE_SATURATION
         held = self.held
+        # A head the tightened pool holds back (R.TIGHTENED) was refused on the GPU with
+        # the most room, which every smaller request of its model and tenant is offered
+        # too: those that would take that GPU past the high mark are refused alike, so
+        # they are passed over without the checks (the same verdict, found for less: at
+        # saturation most looks behind a head end this way). Read once, when first needed.
+        tight = reason is R.TIGHTENED
+        top: GpuSlot | None = None
+        over = False
+        mark = 0.0
         for c in self.queue.behind(head, depth):
             if held and c.model == held:
                 continue
@@ -139,6 +148,17 @@ class QueueServing(PoolOutcomes):
                     and c.expected_out >= head.expected_out and c.deadline <= head.deadline
                 ):
                     continue
+                if tight and c.tenant == head.tenant:
+                    if top is None:
+                        tight = False  # unless the head's GPU is found below
+                        peeked, room = self.ledger.peek(head.model)
+                        if peeked is not None and room >= head.kv_bytes:
+                            top, tight = peeked, True
+                            over = self.fair.over_share(
+                                head.tenant, self._hold_tolerance(head.tenant))
+                            mark = self.settings.hysteresis.high * peeked.budget
+                    if top is not None and (over or c.cls > 0) and top.used + c.kv_bytes > mark:
+                        continue
             if self._try_start(c, now, out) is None:
                 return True
         return False
