@@ -347,7 +347,10 @@ def _steady(bootstrap: str, names: TopicNames, obs: Observer, tag: str, seconds:
 
 
 def _settled(obs: Observer, timeout_s: float) -> None:
-    _wait(lambda: obs.outstanding() == 0, timeout_s, "every request answered")
+    try:
+        _wait(lambda: obs.outstanding() == 0, timeout_s, "every request answered")
+    except AssertionError as exc:  # say whether the app answered and a transaction holds it
+        raise AssertionError(f"{exc}: {obs.explain_outstanding()}") from None
     time.sleep(1.0)  # a second terminal reply, if one were coming, would be in by now
 
 

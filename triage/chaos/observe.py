@@ -121,6 +121,8 @@ class Observer:
     side: dict[str, Seen] = field(default_factory=dict)
     # (source topic, partition, offset) -> error of each dead letter
     dead: dict[tuple[str, int, int], str] = field(default_factory=dict)
+    # (topic, partition) -> the last offset this (read_committed) consumer was handed
+    read_to: dict[tuple[str, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -167,6 +169,7 @@ class Observer:
             for msg in self._c.consume(num_messages=500, timeout=0.2):
                 if msg.error() is not None:
                     continue
+                self.read_to[(msg.topic() or "", msg.partition() or 0)] = msg.offset() or 0
                 if msg.topic() == completions:
                     self._on_completion(msg.value() or b"")
                 elif msg.topic() == dead:
@@ -216,6 +219,59 @@ class Observer:
                     s.reason = r.reason.value if r.reason else None
                     if r.latency_ms is not None:
                         s.reported_latency_s = r.latency_ms / 1000.0
+
+    def explain_outstanding(self, read_s: float = 20.0, show: int = 5) -> str:
+        """Why requests are still unanswered, for a failed wait: what the log holds for
+        them read past open transactions (read_uncommitted), and where this consumer
+        stands against each partition's end. A terminal reply in the log that this
+        consumer never got means a transaction still holds it back (or was aborted);
+        none at all, that the app or a worker never answered."""
+        with self._lock:
+            pending = {rid for rid, s in self.seen.items() if s.terminal is None}
+            read_to = dict(self.read_to)
+            topics = sorted(self._reply_topics)
+        completions = self.names.completions
+        parts = self._partitions([*topics, completions])
+        c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-explain",
+                          log_level=QUIET, **{"isolation.level": "read_uncommitted"})
+        try:
+            ends = {(tp.topic, tp.partition): c.get_watermark_offsets(tp, timeout=5.0)[1]
+                    for tp in parts}
+            c.assign(parts)
+            left = {k for k, end in ends.items() if end > 0}
+            any_reply: set[str] = set()
+            terminal: set[str] = set()
+            completed: set[str] = set()
+            deadline = time.monotonic() + read_s
+            while left and time.monotonic() < deadline:
+                for msg in c.consume(num_messages=500, timeout=0.5):
+                    if msg.error() is not None:
+                        continue
+                    at = (msg.topic() or "", msg.partition() or 0)
+                    if (msg.offset() or 0) >= ends[at] - 1:
+                        left.discard(at)
+                    try:
+                        if at[0] == completions:
+                            completed |= {x.request_id for x in completions_in(msg.value() or b"")
+                                          if x.request_id in pending}
+                            continue
+                        r = Reply.from_bytes(msg.value() or b"")
+                    except ValueError:
+                        continue
+                    if r.request_id in pending:
+                        any_reply.add(r.request_id)
+                        if r.status.terminal:
+                            terminal.add(r.request_id)
+        finally:
+            c.close()
+        behind = {f"{t}[{n}]": f"read to {read_to.get((t, n), -1)} of {end}"
+                  for (t, n), end in sorted(ends.items())
+                  if end - 1 - read_to.get((t, n), -1) > 2}  # a marker or two is normal
+        return (f"{len(pending)} unanswered (e.g. {sorted(pending)[:show]}); in the log "
+                f"read_uncommitted: {len(terminal)} with a terminal reply "
+                f"(e.g. {sorted(terminal)[:show]}), {len(any_reply)} with any reply, "
+                f"{len(completed)} with a completion; partitions this read_committed "
+                f"consumer lags: {behind or 'none'}")
 
     def outstanding(self) -> int:
         with self._lock:
