@@ -65,6 +65,7 @@ def pool_settings(config: TriageConfig, pool_name: str) -> PoolSettings:
             hold_s=h.hold_s, smooth_s=h.smooth_s,
         ),
         gpu_timeout_s=config.policy.gpu_timeout_s,
+        result_timeout_s=config.policy.result_timeout_s,
         max_seqs=pool.max_num_seqs,
         tenant_sla_s={t.name: t.sla_ms / 1000.0 for t in tenants},
     ) if budget > 0 else _no_pool(pool_name)

@@ -14,11 +14,15 @@ queue is served).
 
 from __future__ import annotations
 
+from typing import Final
+
 from triage.admission.decision import COMPLETE, TIMEOUT, Decision, ScaleEvent
 from triage.admission.kvcache import GpuSlot
 from triage.admission.pending import Pending
 from triage.admission.serving import QueueServing
 from triage.topics.reasons import ReasonCode as R
+
+RESULT_CHECK_S: Final = 1.0  # how often running requests are checked for overdue results
 
 
 class Dispatcher(QueueServing):
@@ -240,6 +244,24 @@ class Dispatcher(QueueServing):
                 for p in lost:
                     self._release(p)
                     self._requeue(p, now, R.GPU_LOST, out)
+        if now >= self._results_checked + RESULT_CHECK_S:
+            self._results_checked = now
+            overdue = [p for p in self.inflight.values()
+                       if now - p.dispatched_at > self._result_limit(p)]
+            for p in overdue:
+                self._release(p)
+                self._requeue(p, now, R.RESULT_OVERDUE, out)
+
+    def _result_limit(self, p: Pending) -> float:
+        """How long `p` may run with no result before it is run again: the configured
+        floor, or twice its whole max_tokens on a GPU running all the sequences it can,
+        if that is longer (a long generation is not cut short)."""
+        slot = p.gpu
+        assert isinstance(slot, GpuSlot)
+        s = self.settings
+        worst = 2.0 * slot.costs[p.model].predict(p.prompt_tokens, float(p.max_tokens),
+                                                  float(s.max_seqs))
+        return worst if worst > s.result_timeout_s else s.result_timeout_s
 
     def heartbeat(
         self, *, gpu_id: str, gpu_type: str, speed: float, kv_budget: int,

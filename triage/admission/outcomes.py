@@ -180,10 +180,12 @@ class PoolOutcomes(PoolPlacement):
         p.seq = self._seq
         p.gpu = None
         pool_room, tenant_room = self.queue.has_room(p.tenant)
-        if reason is R.GPU_LOST and not (pool_room and tenant_room):
+        lost = reason is R.GPU_LOST or reason is R.RESULT_OVERDUE
+        if lost and not (pool_room and tenant_room):
+            what = "was lost" if reason is R.GPU_LOST else "sent no result in time"
             self._refuse(
-                p, R.GPU_LOST, now, self._drain_s(self.queue.work_s), out,
-                detail=f"GPU {old_gpu.gpu_id} was lost and the queue is full",
+                p, reason, now, self._drain_s(self.queue.work_s), out,
+                detail=f"GPU {old_gpu.gpu_id} {what} and the queue is full",
             )
             return
         self._enqueue(p, now)

@@ -53,6 +53,7 @@ class PoolSettings:
         "model_floors",
         "name",
         "queue_max",
+        "result_timeout_s",
         "tenant_queue_max",
         "tenant_shares",
         "tenant_sla_s",
@@ -66,6 +67,7 @@ class PoolSettings:
         tenant_queue_max: dict[str, int], max_queue_wait_s: dict[str, float],
         max_concurrency: dict[str, int], hysteresis: HysteresisSettings, gpu_timeout_s: float,
         max_seqs: int = 256, tenant_sla_s: dict[str, float] | None = None,
+        result_timeout_s: float = 600.0,
     ) -> None:
         self.name = name
         self.kv_bytes_per_token = kv_bytes_per_token
@@ -78,6 +80,7 @@ class PoolSettings:
         self.max_concurrency = max_concurrency
         self.hysteresis = hysteresis
         self.gpu_timeout_s = gpu_timeout_s
+        self.result_timeout_s = result_timeout_s  # no result this long: run it again
         self.max_seqs = max_seqs  # sequences one GPU's engine runs at once
         self.tenant_sla_s = tenant_sla_s or {}  # contracted SLAs of the pool's tenants
         self.tightest_sla_s = min(self.tenant_sla_s.values(), default=0.0)
@@ -145,6 +148,7 @@ class PoolPlacement:
         self.scale_events: list[ScaleEvent] = []
         self._seq = 0
         self._rr = 0
+        self._results_checked = float("-inf")  # when runners were last checked for results
         self._largest_fits: dict[tuple[str, str], int] = {}  # (model, tenant) -> largest fit
         # (tenant, tokens) to give back to the gate's buckets: what requests that left were
         # charged beyond what they used (negative: used more). The core drains it.

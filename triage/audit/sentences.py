@@ -288,6 +288,13 @@ def _gpu_lost(r: DecisionRecord) -> str:
     return f"{gpu} stopped reporting while it ran, {then}" + _paren(redo, _detail(r))
 
 
+def _result_overdue(r: DecisionRecord) -> str:
+    then = "so it was requeued to run again" if r.outcome == Outcome.PREEMPT else "so it ended"
+    gpu = f"its GPU {r.gpu_id}" if r.gpu_id else "its GPU"
+    return (f"{gpu} kept reporting but sent no result for it in time (the work item or its "
+            f"result was lost), {then}" + _paren(_detail(r)))
+
+
 def _completed(r: DecisionRecord) -> str:
     predicted = f"predicted {seconds(r.predicted_s)}" if r.predicted_s is not None else None
     return f"ran to the end{_gpu(r)}" + _paren(_waited(r), predicted)
@@ -354,6 +361,7 @@ SENTENCES: dict[ReasonCode, Template] = {
     ReasonCode.DEADLINE_UNREACHABLE: _deadline,
     ReasonCode.PREEMPTED_FOR_PRIORITY: _preempted,
     ReasonCode.GPU_LOST: _gpu_lost,
+    ReasonCode.RESULT_OVERDUE: _result_overdue,
     ReasonCode.COMPLETED: _completed,
     ReasonCode.FAILED: _failed,
     ReasonCode.INVALID_REQUEST: _invalid,

@@ -261,6 +261,12 @@ class PolicyConfig(StrictModel):
     gpu_timeout_s: PositiveFloat = Field(
         10.0, description="A GPU whose heartbeats stop this long is taken out of the pool."
     )
+    result_timeout_s: PositiveFloat = Field(
+        600.0, description="A request running this long with no result, on a GPU whose "
+        "heartbeats still arrive, is taken back and run again (a lost work item or a lost "
+        "result must not leave it running for ever). The limit is never shorter than twice "
+        "the predicted time of its whole max_tokens on a GPU running max_num_seqs.",
+    )
     fair_share_tolerance: Annotated[float, Field(ge=0.0, le=10.0)] = Field(
         0.1, description="Tightened pools hold back tenants above (1 + this) x their fair share."
     )

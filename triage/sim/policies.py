@@ -38,6 +38,7 @@ DEFAULT_POLICIES = tuple(VARIANTS)
 _INHERITED = (
     "version", "tick_ms", "lookahead", "backfill_s", "preempt_sla_factor",
     "fair_share_tolerance", "deadline_s_per_token", "gpu_timeout_s", "hold_scope",
+    "result_timeout_s",
 )
 
 

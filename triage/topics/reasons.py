@@ -75,6 +75,7 @@ class ReasonCode(StrEnum):
     # preempt
     PREEMPTED_FOR_PRIORITY = "preempted_for_priority"  # made room for a tighter, higher one
     GPU_LOST = "gpu_lost"  # its GPU stopped reporting; requeued or failed
+    RESULT_OVERDUE = "result_overdue"  # its GPU reports, but no result came: run again
     # complete
     COMPLETED = "completed"
     FAILED = "failed"
