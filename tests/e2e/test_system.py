@@ -234,3 +234,32 @@ def test_a_restarted_admission_app_recovers_its_buckets_from_the_changelog(
         assert after.status is ReplyStatus.REJECTED, after  # no fresh burst
         assert after.reason is ReasonCode.TENANT_QUOTA_EXCEEDED
         assert after.retry_after_ms is not None and after.retry_after_ms > 100_000
+
+
+def test_a_work_item_no_worker_ran_is_taken_back_and_ends_in_one_completed_reply(
+    kafka_bootstrap: str, topic_names: TopicNames, tmp_path: Path
+) -> None:
+    """The app dispatches to a GPU whose worker is not running (its work item waits
+    unread): after policy.result_timeout_s it takes the request back and runs it again
+    (`result_overdue`), again and again while no result comes; once the worker starts and
+    reads every attempt and cancel, the request ends in exactly one `completed` reply."""
+    cfg = fast_config(kafka_bootstrap, topic_names, tmp_path, gpus=1,
+                      tenants=[tenant("a")], policy={"preset": "full", "result_timeout_s": 2.0})
+    names = topic_names
+    with running(cfg, tmp_path, workers=False) as system:
+        _submit(kafka_bootstrap, names, InferenceRequest(
+            request_id="r1", tenant="a", model="small", prompt_tokens=64, max_tokens=32))
+        assert _reply(kafka_bootstrap, names, "a", "r1", terminal=False).status \
+            is ReplyStatus.ACCEPTED
+        time.sleep(5.0)  # two limits at least: taken back, run again, taken back again
+        system.start_workers()
+        assert _reply(kafka_bootstrap, names, "a", "r1").status is ReplyStatus.COMPLETED
+        time.sleep(3.0)  # a second terminal reply, if one were coming, would be in by now
+    replies = [r for r in read_all(kafka_bootstrap, names.replies("a"), Reply.from_bytes)
+               if r.request_id == "r1"]
+    assert [r.status for r in replies if r.terminal] == [ReplyStatus.COMPLETED]
+    taken_back = [r for r in replies if r.reason is ReasonCode.RESULT_OVERDUE]
+    assert len(taken_back) >= 2 and all(r.status is ReplyStatus.PREEMPTED for r in taken_back)
+    decisions = [d for d in read_all(kafka_bootstrap, names.decisions,
+                                     DecisionRecord.from_bytes) if d.request_id == "r1"]
+    assert [d.outcome for d in decisions].count(Outcome.COMPLETE) == 1
