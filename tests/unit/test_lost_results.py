@@ -78,3 +78,16 @@ def test_the_simulator_core_never_takes_work_back() -> None:
     out = [x for t in range(200) for x in core.tick(float(t))]
     assert not [x for x in out if x.request_id == "r1"]
     assert "r1" in core.dispatchers["p"].inflight
+
+
+def test_after_a_gap_in_the_app_s_own_ticks_the_wait_for_results_starts_again() -> None:
+    """An app that was not running (restarted and recovered its runners, or stalled) may
+    not have read results that are there: its own gap does not count against them."""
+    core = _core()
+    _run(core, 0.0, 1.0)
+    assert core.submit("r1", "a", "m8", 100, 50, 1.5)[0].outcome is Outcome.ACCEPT
+    resumed = 100.0  # no tick for ~99 s, past the limit
+    assert not [d for d in _run(core, resumed, resumed + LIMIT_S - 1.0) if d.request_id == "r1"]
+    late = [d for d in _run(core, resumed + LIMIT_S + 1.0, resumed + LIMIT_S + 2.0)
+            if d.request_id == "r1"]
+    assert late and late[0].reason is ReasonCode.RESULT_OVERDUE

@@ -23,6 +23,9 @@ from triage.admission.serving import QueueServing
 from triage.topics.reasons import ReasonCode as R
 
 RESULT_CHECK_S: Final = 1.0  # how often running requests are checked for overdue results
+# A longer gap between checks means the app was not running (just started and
+# recovered its runners, or stalled): results may sit unread, so the clock starts again.
+RESULT_GAP_S: Final = 10.0
 
 
 class Dispatcher(QueueServing):
@@ -245,9 +248,13 @@ class Dispatcher(QueueServing):
                     self._release(p)
                     self._requeue(p, now, R.GPU_LOST, out)
         if now >= self._results_checked + RESULT_CHECK_S:
+            if now - self._results_checked > RESULT_GAP_S:
+                self._results_since = now
             self._results_checked = now
+            since = self._results_since
             overdue = [p for p in self.inflight.values()
-                       if now - p.dispatched_at > self._result_limit(p)]
+                       if now - (p.dispatched_at if p.dispatched_at > since else since)
+                       > self._result_limit(p)]
             for p in overdue:
                 self._release(p)
                 self._requeue(p, now, R.RESULT_OVERDUE, out)

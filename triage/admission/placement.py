@@ -149,6 +149,7 @@ class PoolPlacement:
         self._seq = 0
         self._rr = 0
         self._results_checked = float("-inf")  # when runners were last checked for results
+        self._results_since = 0.0  # results are awaited from then on (dispatcher.py)
         self._largest_fits: dict[tuple[str, str], int] = {}  # (model, tenant) -> largest fit
         # (tenant, tokens) to give back to the gate's buckets: what requests that left were
         # charged beyond what they used (negative: used more). The core drains it.
