@@ -350,7 +350,11 @@ def _settled(obs: Observer, timeout_s: float) -> None:
     try:
         _wait(lambda: obs.outstanding() == 0, timeout_s, "every request answered")
     except AssertionError as exc:  # say whether the app answered and a transaction holds it
-        raise AssertionError(f"{exc}: {obs.explain_outstanding()}") from None
+        try:
+            why = obs.explain_outstanding()
+        except Exception as failed:  # the broker may be the trouble: keep the first failure
+            why = f"(no account: {failed!r})"
+        raise AssertionError(f"{exc}: {why}") from None
     time.sleep(1.0)  # a second terminal reply, if one were coming, would be in by now
 
 
