@@ -219,6 +219,15 @@ class PoolPlacement:
             return f.tight_share_tolerance
         return f.fair_share_tolerance
 
+    def _past_mark(self, slot: GpuSlot, nbytes: int) -> bool:
+        """Would `nbytes` more take `slot` past the high mark (where a tightened pool
+        holds back over-share and over-quota work)?"""
+        return slot.used + nbytes > self.settings.hysteresis.high * slot.budget
+
+    def _share_held(self, tenant: str) -> bool:
+        """Is `tenant` far enough over its fair share for a tightened pool to hold it?"""
+        return self.fair.over_share(tenant, self._hold_tolerance(tenant))
+
     def _fit(
         self, p: Pending, now: float, sla: bool = True, unheld: bool = False
     ) -> tuple[GpuSlot | None, ReasonCode, float, float]:
@@ -247,9 +256,8 @@ class PoolPlacement:
             if slot.running >= self.settings.max_seqs:
                 return None, R.COMPUTE_SATURATION, 0.0, 0.0  # the engine would queue it
             if (
-                self.monitor.tightened
-                and slot.used + p.kv_bytes > self.settings.hysteresis.high * slot.budget
-                and (p.cls > 0 or self.fair.over_share(p.tenant, self._hold_tolerance(p.tenant)))
+                self.monitor.tightened and self._past_mark(slot, p.kv_bytes)
+                and (p.cls > 0 or self._share_held(p.tenant))
             ):
                 return None, R.TIGHTENED, 0.0, 0.0
         cost = slot.costs[p.model]

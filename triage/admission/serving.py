@@ -130,11 +130,10 @@ class QueueServing(PoolOutcomes):
         # the most room, which every smaller request of its model and tenant is offered
         # too: those that would take that GPU past the high mark are refused alike, so
         # they are passed over without the checks (the same verdict, found for less: at
-        # saturation most looks behind a head end this way). Read once, when first needed.
-        tight = reason is R.TIGHTENED
+        # saturation most looks behind a head end this way). Looked up once, when needed.
+        look = reason is R.TIGHTENED
         top: GpuSlot | None = None
         over = False
-        mark = 0.0
         for c in self.queue.behind(head, depth):
             if held and c.model == held:
                 continue
@@ -148,16 +147,15 @@ class QueueServing(PoolOutcomes):
                     and c.expected_out >= head.expected_out and c.deadline <= head.deadline
                 ):
                     continue
-                if tight and c.tenant == head.tenant:
+                if look and c.tenant == head.tenant:
                     if top is None:
-                        tight = False  # unless the head's GPU is found below
+                        look = False  # once: the head's GPU, and whether its tenant is held
                         peeked, room = self.ledger.peek(head.model)
                         if peeked is not None and room >= head.kv_bytes:
-                            top, tight = peeked, True
-                            over = self.fair.over_share(
-                                head.tenant, self._hold_tolerance(head.tenant))
-                            mark = self.settings.hysteresis.high * peeked.budget
-                    if top is not None and (over or c.cls > 0) and top.used + c.kv_bytes > mark:
+                            look, top, over = True, peeked, self._share_held(head.tenant)
+                    if top is not None and (over or c.cls > 0) and self._past_mark(
+                        top, c.kv_bytes
+                    ):
                         continue
             if self._try_start(c, now, out) is None:
                 return True

@@ -277,7 +277,8 @@ def _preempted(r: DecisionRecord) -> str:
     )
 
 
-def _gpu_lost(r: DecisionRecord) -> str:
+def _taken_back(r: DecisionRecord, what: str) -> str:
+    """A running request its GPU gave no result for: requeued, or ended (queue full)."""
     then = "so it was requeued" if r.outcome == Outcome.PREEMPT else "so it ended"
     gpu = f"its GPU {r.gpu_id}" if r.gpu_id else "its GPU"
     redo = (
@@ -285,14 +286,16 @@ def _gpu_lost(r: DecisionRecord) -> str:
         if r.inputs.recompute_tokens is not None
         else None
     )
-    return f"{gpu} stopped reporting while it ran, {then}" + _paren(redo, _detail(r))
+    return f"{gpu} {what}, {then}" + _paren(redo, _detail(r))
+
+
+def _gpu_lost(r: DecisionRecord) -> str:
+    return _taken_back(r, "stopped reporting while it ran")
 
 
 def _result_overdue(r: DecisionRecord) -> str:
-    then = "so it was requeued to run again" if r.outcome == Outcome.PREEMPT else "so it ended"
-    gpu = f"its GPU {r.gpu_id}" if r.gpu_id else "its GPU"
-    return (f"{gpu} kept reporting but sent no result for it in time (the work item or its "
-            f"result was lost), {then}" + _paren(_detail(r)))
+    return _taken_back(r, "kept reporting but sent no result for it in time (the work item "
+                          "or its result was lost)")
 
 
 def _completed(r: DecisionRecord) -> str:

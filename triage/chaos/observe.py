@@ -14,6 +14,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, TopicPartition
 
 from triage.kafka.clients import make_consumer, make_producer, produce_waiting
+from triage.kafka.scan import ScanTimeoutError, scan_range
 from triage.topics.messages import (
     CompletionStatus,
     DeadLetter,
@@ -231,42 +232,38 @@ class Observer:
             read_to = dict(self.read_to)
             topics = sorted(self._reply_topics)
         completions = self.names.completions
-        parts = self._partitions([*topics, completions])
         c = make_consumer(self.bootstrap, f"{self.names.prefix}-chaos-explain",
-                          log_level=QUIET, **{"isolation.level": "read_uncommitted"})
+                          log_level=QUIET, **{"isolation.level": "read_uncommitted",
+                                              "enable.partition.eof": True})
+        last: dict[tuple[str, int], int] = {}  # the last offset in the log, transactions open
+        any_reply: set[str] = set()
+        terminal: set[str] = set()
+        completed: set[str] = set()
+        deadline = time.monotonic() + read_s
         try:
-            ends = {(tp.topic, tp.partition): c.get_watermark_offsets(tp, timeout=5.0)[1]
-                    for tp in parts}
-            c.assign(parts)
-            left = {k for k, end in ends.items() if end > 0}
-            any_reply: set[str] = set()
-            terminal: set[str] = set()
-            completed: set[str] = set()
-            deadline = time.monotonic() + read_s
-            while left and time.monotonic() < deadline:
-                for msg in c.consume(num_messages=500, timeout=0.5):
-                    if msg.error() is not None:
-                        continue
-                    at = (msg.topic() or "", msg.partition() or 0)
-                    if (msg.offset() or 0) >= ends[at] - 1:
-                        left.discard(at)
+            for topic in [*topics, completions]:
+                for r in scan_range(c, topic, range(self.partitions), since_ms=None,
+                                    until_ms=None, deadline=deadline):
+                    last[(topic, r.partition)] = r.offset
                     try:
-                        if at[0] == completions:
-                            completed |= {x.request_id for x in completions_in(msg.value() or b"")
+                        if topic == completions:
+                            completed |= {x.request_id for x in completions_in(r.value or b"")
                                           if x.request_id in pending}
                             continue
-                        r = Reply.from_bytes(msg.value() or b"")
+                        reply = Reply.from_bytes(r.value or b"")
                     except ValueError:
                         continue
-                    if r.request_id in pending:
-                        any_reply.add(r.request_id)
-                        if r.status.terminal:
-                            terminal.add(r.request_id)
+                    if reply.request_id in pending:
+                        any_reply.add(reply.request_id)
+                        if reply.status.terminal:
+                            terminal.add(reply.request_id)
+        except ScanTimeoutError:
+            pass  # an account of what was read in time
         finally:
             c.close()
-        behind = {f"{t}[{n}]": f"read to {read_to.get((t, n), -1)} of {end}"
-                  for (t, n), end in sorted(ends.items())
-                  if end - 1 - read_to.get((t, n), -1) > 2}  # a marker or two is normal
+        behind = {f"{t}[{n}]": f"read to {read_to.get((t, n), -1)} of {end + 1}"
+                  for (t, n), end in sorted(last.items())
+                  if end - read_to.get((t, n), -1) > 2}  # a marker or two is normal
         return (f"{len(pending)} unanswered (e.g. {sorted(pending)[:show]}); in the log "
                 f"read_uncommitted: {len(terminal)} with a terminal reply "
                 f"(e.g. {sorted(terminal)[:show]}), {len(any_reply)} with any reply, "
