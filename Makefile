@@ -12,7 +12,7 @@ STAMP := $(VENV)/.triage-installed
 KAFKA_PORT ?= 9092
 
 NATIVE := $(VENV)/.triage-compiled
-COMPILED_DIRS := triage/admission triage/sim
+COMPILED_DIRS := triage/admission triage/sim triage/topics triage/streams
 CORE_SOURCES := $(shell grep -o '"triage/[a-z]*/[a-z_]*\.py"' setup.py | tr -d '"') setup.py
 
 .PHONY: help install compile test demo lint broker-up broker-down clean distclean
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 
 $(NATIVE): $(STAMP) $(CORE_SOURCES)
 	@rm -rf build $(addsuffix /*.so,$(COMPILED_DIRS)) $(addsuffix /*.so.stale,$(COMPILED_DIRS))
-	@echo "compiling the admission core, the simulator and the reason codes with mypyc (pure Python runs if this fails) ..."
+	@echo "compiling the admission core, the simulator, the reason codes and the record builders with mypyc (pure Python runs if this fails) ..."
 	@TRIAGE_COMPILE=1 $(BIN)/python setup.py -q build_ext --inplace >$(VENV)/mypyc.log 2>&1 \
 	  && touch $(addsuffix /*.so,$(COMPILED_DIRS)) $@ \
 	  || echo "mypyc build failed (see $(VENV)/mypyc.log): running pure Python"

@@ -1,7 +1,8 @@
 """The mypyc build of the hot modules: its freshness guard and the pure-Python switch.
 
-`make compile` (setup.py) compiles the admission core, the simulator's event loop and
-the reason-code enums to C extension modules beside their sources, as one group:
+`make compile` (setup.py) compiles the admission core, the simulator's event loop, the
+reason-code enums and the app's record builders (streams/codec.py) to C extension
+modules beside their sources, as one group:
 compiled modules call each other natively, so the group is used whole or not at all.
 Each package holding compiled modules imports this module first thing in its
 __init__ (importing it runs `guard()` once per process), before any of them loads:
@@ -25,7 +26,8 @@ from pathlib import Path
 from types import ModuleType
 
 _ROOT = Path(__file__).resolve().parent
-PACKAGES = ("admission", "sim", "topics")  # the packages with compiled modules (setup.py COMPILED)
+# the packages with compiled modules (setup.py COMPILED)
+PACKAGES = ("admission", "sim", "topics", "streams")
 PURE_ENV = "TRIAGE_PURE_CORE"
 _done = False
 

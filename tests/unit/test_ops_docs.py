@@ -34,6 +34,7 @@ import triage.cli.main as cli_main
 from triage.config import EXAMPLE_CONFIG, TriageConfig, load_config
 from triage.gateway.metrics import GatewayMetrics
 from triage.streams.metrics import AdmissionMetrics
+from triage.streams.tallies import TallyCounter, TallyHistogram
 from triage.topics.admin import topic_layout
 from triage.topics.names import TopicKind, TopicNames
 from triage.workers.metrics import WorkerMetrics
@@ -77,11 +78,14 @@ class Metric:
 def _metrics_of(owner: object, process: str) -> list[Metric]:
     out = []
     for wrapper in vars(owner).values():
-        if not isinstance(wrapper, MetricWrapperBase):
+        if isinstance(wrapper, MetricWrapperBase):
+            labels = tuple(wrapper._labelnames)
+        elif isinstance(wrapper, TallyCounter | TallyHistogram):  # the per-decision series
+            labels = wrapper.labelnames
+        else:
             continue
         (family,) = wrapper.describe()
-        out.append(Metric(family.name, family.type, tuple(wrapper._labelnames),
-                          family.documentation, process))  # fmt: skip
+        out.append(Metric(family.name, family.type, labels, family.documentation, process))
     return out
 
 

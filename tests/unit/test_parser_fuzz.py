@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from triage.chaos.poison import poison_corpus
+from triage.topics.jsonsafe import duplicate_key
 from triage.topics.messages import InferenceRequest
 from triage.topics.validation import DETAIL_MAX, Invalid, Unparseable, parse_request
 
@@ -111,3 +112,38 @@ def test_a_lone_surrogate_anywhere_in_the_prompt_is_refused_with_a_reason(
 def test_the_poison_corpus_parses_without_an_exception() -> None:
     for entry in poison_corpus(tenant="a", model="m8"):
         parse_request(entry.value, max_bytes=460_000)
+
+
+def _written_keys(pairs: list[tuple[str, Any]], spaces: list[str]) -> bytes:
+    """An object written key by key (repeats kept), with whitespace around each colon."""
+    body = ",".join(f"{json.dumps(k)}{spaces[i % len(spaces)]}:{json.dumps(v)}"
+                    for i, (k, v) in enumerate(pairs))
+    return ("{" + body + "}").encode("utf-8", "surrogatepass")
+
+
+def _first_repeat(raw: bytes) -> str | None:
+    """The reference: the slow, exact search (every object's pairs, in order)."""
+    found: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        keys = [k for k, _ in items]
+        if len(set(keys)) != len(keys) and not found:
+            found.append(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        return dict(items)
+
+    json.loads(raw, object_pairs_hook=pairs)
+    return found[0] if found else None
+
+
+@SETTINGS
+@given(st.lists(st.tuples(st.sampled_from(['a', 'b', 'a"', 'x":', '\\":', '']),
+                          json_values), min_size=1, max_size=6),
+       st.lists(st.sampled_from(["", " ", "\n\t", "\r "]), min_size=1, max_size=3))
+def test_the_fast_duplicate_check_agrees_with_the_exact_search(
+        pairs: list[tuple[str, Any]], spaces: list[str]) -> None:
+    """Keys and string values that look like key ends (`x":`), whitespace before colons,
+    nested objects: the fast path never misses a repeated key, and names the same one."""
+    raw = _written_keys(pairs, spaces)
+    assert duplicate_key(raw) == _first_repeat(raw)
+    nested = b'{"outer":' + raw + b',"list":[1,' + raw + b'],"z":0}'
+    assert duplicate_key(nested) == _first_repeat(nested)

@@ -22,6 +22,7 @@ from prometheus_client import (
 )
 
 from triage.streams import fetch_sessions
+from triage.streams.tallies import TallyCounter, TallyHistogram
 
 Check = Callable[[], tuple[bool, str]]
 
@@ -61,10 +62,10 @@ class AdmissionMetrics:
         self._shard_depths: dict[int, dict[str, int]] = {}  # per held shard, its last tick's
         self._shard_buffers: dict[int, float] = {}
         self._buckets: set[tuple[str, int]] = set()  # (tenant, shard) series set
-        self.admissions = Counter(
+        self.admissions = TallyCounter(
             "triage_admissions", "Decisions by outcome and reason.",
             ["tenant", "model", "outcome", "reason"], registry=r)
-        self.requests = Counter(
+        self.requests = TallyCounter(
             "triage_requests", "Requests read from tenants' topics (valid or not).",
             ["tenant"], registry=r)
         self.invalid = Counter(
@@ -87,33 +88,33 @@ class AdmissionMetrics:
         self.queue_depth_hist = Histogram(
             "triage_queue_depth_observed", "Queue depth sampled every tick.", ["pool"],
             buckets=DEPTH_BUCKETS, registry=r)
-        self.queue_wait = Histogram(
+        self.queue_wait = TallyHistogram(
             "triage_queue_wait_seconds", "Time spent queued, at dispatch or timeout.",
             ["tenant", "model"], buckets=WAIT_BUCKETS, registry=r)
-        self.queue_timeouts = Counter(
+        self.queue_timeouts = TallyCounter(
             "triage_queue_timeouts", "Queued requests that left without running.",
             ["tenant", "model", "reason"], registry=r)
-        self.latency = Histogram(
+        self.latency = TallyHistogram(
             "triage_request_latency_seconds", "Arrival to completion.", ["tenant", "model"],
             buckets=LATENCY_BUCKETS, registry=r)
-        self.sla_violations = Counter(
+        self.sla_violations = TallyCounter(
             "triage_sla_violations", "Requests that missed their SLA, by cause.",
             ["tenant", "model", "cause"], registry=r)
-        self.preemptions = Counter(
+        self.preemptions = TallyCounter(
             "triage_preemptions", "Running requests preempted.", ["tenant", "model"],
             registry=r)
         self.preemption_rate = Gauge(
             "triage_preemption_rate", "Preemptions per dispatch, per pool.", ["pool"],
             registry=r)
-        self.recompute_tokens = Counter(
+        self.recompute_tokens = TallyCounter(
             "triage_recompute_tokens", "Tokens prefilled again after preemption.",
             ["tenant", "model"], registry=r)
-        self.predictor_error = Histogram(
+        self.predictor_error = TallyHistogram(
             "triage_predictor_relative_error", "Actual / predicted execution time.",
             ["model"], buckets=ERROR_BUCKETS, registry=r)
         self.variance_buffer = Gauge(
             "triage_variance_buffer", "Factor applied to predictions.", registry=r)
-        self.decision_latency = Histogram(
+        self.decision_latency = TallyHistogram(
             "triage_decision_latency_seconds", "Time in the core per event.",
             ["event"], buckets=DECISION_BUCKETS, registry=r)
         self.gpu_utilization = Gauge(
