@@ -6,6 +6,7 @@ changelog's tail), and a write librdkafka gives up is an error, never a silent l
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,15 +26,19 @@ def _read_all(bootstrap: str, topic: str) -> list[tuple[bytes | None, bytes | No
     return [(m.key(), m.value(), int(m.offset() or 0)) for m in read_partition(bootstrap, topic)]
 
 
-def _table(tmp_path: Path, bootstrap: str, changelog: ChangelogProducer) -> tuple[Any, str]:
+def _table(tmp_path: Path, bootstrap: str, changelog: ChangelogProducer,
+           create: bool = True) -> tuple[Any, str]:
+    """A Faust table writing through `changelog`; its changelog topic created unless not
+    `create` (the broker does not create topics on first use: writes then wait)."""
     app_id = f"t{uuid.uuid4().hex[:8]}"
     app = faust.App(app_id, broker=f"kafka://{bootstrap}", store="rocksdb://",
-                    datadir=str(tmp_path), web_enabled=False)
+                    datadir=str(tmp_path / app_id), web_enabled=False)
     table = raw_table(app, "records", changelog)
     topic = table.changelog_topic.get_topic_name()
-    admin = make_admin(bootstrap)
-    for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
-        f.result(timeout=30)
+    if create:
+        admin = make_admin(bootstrap)
+        for f in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+            f.result(timeout=30)
     return table, topic
 
 
@@ -72,3 +77,26 @@ def test_a_write_librdkafka_gives_up_is_an_error(tmp_path: Path, kafka_bootstrap
     with pytest.raises(ChangelogLostError, match="not delivered"):
         for _ in range(10):  # the message times out after 1 s
             dead.flush(1.0)
+
+
+def test_a_flush_waits_for_the_writes_before_its_mark_not_for_later_ones(
+    kafka_bootstrap: str, tmp_path: Path,
+) -> None:
+    """The committer's flush of a batch (mark, then settle) ends once that batch's writes
+    are delivered, while a write made after the mark is still undelivered: here one to a
+    changelog topic that does not exist yet, which librdkafka holds until it gives up."""
+    changelog = ChangelogProducer(kafka_bootstrap, message_timeout_ms=3_000)
+    t, topic = _table(tmp_path, kafka_bootstrap, changelog)
+    later, _missing = _table(tmp_path, kafka_bootstrap, changelog, create=False)
+    t.on_key_set(b"a", b"1")
+    t.on_key_set(b"b", b"2")
+    upto = changelog.mark()
+    later.on_key_set(b"x", b"held")
+    deadline = time.monotonic() + 30.0
+    while not changelog.settle(upto, wait_s=0.05):
+        assert time.monotonic() < deadline, "the batch's own writes were never delivered"
+    assert changelog.pending() == 1  # the later write: not waited for
+    changelog.persist_offsets()
+    assert t.data.persisted_offset(TP(topic, 0)) == 1
+    with pytest.raises(ChangelogLostError, match="not delivered"):
+        changelog.flush(30.0)  # waits for everything, the held write too: it is given up

@@ -36,6 +36,7 @@ MAX_CYCLE_S = 0.1
 # one transaction while the reply lane is idle: with a few tenants a second transaction
 # per batch only adds the broker's per-transaction work (lanes.py).
 COMBINE_MAX_PARTITIONS = 16
+SETTLE_POLL_S = 0.002  # between looks at the changelog's delivery reports while flushing
 
 
 def combine(replies: list[Output], partitions_per_topic: int = 1) -> bool:
@@ -216,12 +217,21 @@ class Committer:
                 await asyncio.sleep(min(2.0, 0.1 * attempt))
 
     async def _flush_tables(self) -> None:
+        """Wait for the table writes made so far (this batch's, and any made since its
+        seal), serving their delivery reports on this thread between short sleeps
+        (changelog.py says why not in a helper thread)."""
         changelog = self.changelog
         if changelog.pending():
-            while not await asyncio.to_thread(changelog.flush, 1.0):
+            upto = changelog.mark()
+            started = warned = time.monotonic()
+            while not changelog.settle(upto):
                 if self.outbox.stopping:
                     raise OutboxStoppedError("changelog flush")
-                log.warning("changelog writes not delivered within 1 s; still trying")
+                if time.monotonic() - warned >= 1.0:
+                    warned = time.monotonic()
+                    log.warning("changelog writes not delivered within %.0f s; still trying",
+                                warned - started)
+                await asyncio.sleep(SETTLE_POLL_S)
         changelog.persist_offsets()
 
 

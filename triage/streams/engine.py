@@ -6,6 +6,7 @@ as the admission app, and measure what it can do."""
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -76,8 +77,23 @@ def freeze_heap() -> None:
     gc.freeze()
 
 
+# How long the thread holding the GIL keeps it while another waits (CPython: 5 ms).
+GIL_SWITCH_S = 0.0005
+
+
+def _short_gil_slices() -> None:
+    """Let the app's helper threads (the outbox's transactions, Faust's consumer thread)
+    have the GIL within half a millisecond of asking. They hold it for short bursts
+    between waits on the broker, and at CPython's 5 ms each burst could wait that long
+    behind the event loop while it decided: in a request flood a batch's commit took
+    0.1-0.4 s, and completions came back at half the rate (docs/architecture.md, "A
+    flush bounded to its batch")."""
+    sys.setswitchinterval(GIL_SWITCH_S)
+
+
 def install_patches(fresh_pattern: str) -> None:
     """The process-wide Faust fixes every app of ours runs with (idempotent)."""
+    _short_gil_slices()
     _short_fetch_waits()
     per_partition.install()
     faust_fixes.commit_against_one_assignment()  # before the wrapper below, which calls it
