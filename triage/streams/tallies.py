@@ -16,6 +16,7 @@ import math
 import time
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
+from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import (
@@ -59,59 +60,68 @@ class HistogramChild:
         self.sum += amount
 
 
-class _Family:
-    """What both kinds share: the name, the labels, the children, the registration."""
+ChildT = TypeVar("ChildT", CounterChild, HistogramChild)
+
+
+class _Family(Generic[ChildT]):
+    """What both kinds share: the name, the labels, the children, the registration and
+    the scrape; a kind says how to make a child, and how a child reads in its family."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
                  registry: CollectorRegistry) -> None:
         self.name = name
         self.documentation = documentation
         self.labelnames = tuple(labelnames)
-        self._children: dict[tuple[str, ...], CounterChild | HistogramChild] = {}
+        self._children: dict[tuple[str, ...], ChildT] = {}
         registry.register(self)
 
-    def _labels(self, values: tuple[str, ...]) -> tuple[str, ...]:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name} takes {len(self.labelnames)} label values "
-                             f"({', '.join(self.labelnames)}), got {len(values)}")
-        return tuple(str(v) for v in values)
-
-    def _snapshot(self) -> list[tuple[tuple[str, ...], CounterChild | HistogramChild]]:
-        return list(self._children.items())  # one C-level copy: no Python runs between
-
-    def describe(self) -> Iterator[Metric]:
-        yield self._empty()
-
-    def _empty(self) -> Metric:
-        raise NotImplementedError
-
-    def collect(self) -> Iterator[Metric]:
-        raise NotImplementedError
-
-
-class TallyCounter(_Family):
-    """A counter family: `labels(...)` gives a child with `inc()`."""
-
-    def labels(self, *values: str) -> CounterChild:
-        key = self._labels(values)
-        child = self._children.get(key)
+    def labels(self, *values: str) -> ChildT:
+        """The series of these label values (made on first use)."""
+        child = self._children.get(values)
         if child is None:
-            child = self._children[key] = CounterChild()
-        assert isinstance(child, CounterChild)
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name} takes {len(self.labelnames)} label values "
+                                 f"({', '.join(self.labelnames)}), got {len(values)}")
+            key = tuple(str(v) for v in values)
+            child = self._children.get(key)
+            if child is None:
+                child = self._children[key] = self._child()
         return child
 
-    def _empty(self) -> Metric:
-        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()
 
     def collect(self) -> Iterator[Metric]:
-        family = CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, child in self._snapshot():
-            assert isinstance(child, CounterChild)
-            family.add_metric(labels, child.value, created=child.created)
+        family = self._family()
+        for labels, child in list(self._children.items()):  # one C-level copy
+            self._add(family, labels, child)
         yield family
 
+    def _child(self) -> ChildT:
+        raise NotImplementedError
 
-class TallyHistogram(_Family):
+    def _family(self) -> Metric:
+        raise NotImplementedError
+
+    def _add(self, family: Metric, labels: tuple[str, ...], child: ChildT) -> None:
+        raise NotImplementedError
+
+
+class TallyCounter(_Family[CounterChild]):
+    """A counter family: `labels(...)` gives a child with `inc()`."""
+
+    def _child(self) -> CounterChild:
+        return CounterChild()
+
+    def _family(self) -> Metric:
+        return CounterMetricFamily(self.name, self.documentation, labels=self.labelnames)
+
+    def _add(self, family: Metric, labels: tuple[str, ...], child: CounterChild) -> None:
+        assert isinstance(family, CounterMetricFamily)
+        family.add_metric(labels, child.value, created=child.created)
+
+
+class TallyHistogram(_Family[HistogramChild]):
     """A histogram family: `labels(...)` gives a child with `observe()`."""
 
     def __init__(self, name: str, documentation: str, labelnames: Sequence[str],
@@ -123,28 +133,19 @@ class TallyHistogram(_Family):
         self._le: list[str] = [floatToGoString(b) for b in self.bounds]  # type: ignore[no-untyped-call]
         super().__init__(name, documentation, labelnames, registry)
 
-    def labels(self, *values: str) -> HistogramChild:
-        key = self._labels(values)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = HistogramChild(self.bounds)
-        assert isinstance(child, HistogramChild)
-        return child
+    def _child(self) -> HistogramChild:
+        return HistogramChild(self.bounds)
 
-    def _empty(self) -> Metric:
+    def _family(self) -> Metric:
         return HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
 
-    def collect(self) -> Iterator[Metric]:
-        family = HistogramMetricFamily(self.name, self.documentation, labels=self.labelnames)
-        for labels, child in self._snapshot():
-            assert isinstance(child, HistogramChild)
-            counts, total = list(child.counts), child.sum
-            cumulative, buckets = 0, []
-            for le, n in zip(self._le, counts, strict=True):
-                cumulative += n
-                buckets.append((le, float(cumulative)))
-            family.add_metric(labels, buckets, total)
-            family.samples.append(Sample(f"{self.name}_created",
-                                         dict(zip(self.labelnames, labels, strict=True)),
-                                         child.created))
-        yield family
+    def _add(self, family: Metric, labels: tuple[str, ...], child: HistogramChild) -> None:
+        assert isinstance(family, HistogramMetricFamily)
+        cumulative, buckets = 0, []
+        for le, n in zip(self._le, list(child.counts), strict=True):
+            cumulative += n
+            buckets.append((le, float(cumulative)))
+        family.add_metric(labels, buckets, child.sum)
+        family.samples.append(Sample(f"{self.name}_created",
+                                     dict(zip(self.labelnames, labels, strict=True)),
+                                     child.created))

@@ -4,8 +4,9 @@ Python's `json` module recurses once per nesting level, so 100,000 nested bracke
 raise RecursionError (not ValueError) in whoever parses them. Here every parse of
 untrusted bytes goes through jiter (pydantic-core's parser), which refuses nesting
 deeper than 200 levels with a ValueError, and sizes are checked before parsing.
-The one `json.loads` left (duplicate keys) runs only on bytes that already passed
-the schema, which allows two levels of nesting.
+The duplicate-key check (orjson, and `json.loads` when its fast path cannot
+decide) runs only on bytes that already passed the schema, which allows two levels of
+nesting.
 """
 
 from __future__ import annotations
