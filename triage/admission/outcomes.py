@@ -58,6 +58,11 @@ class PoolOutcomes(PoolPlacement):
             heappush(slot.step_budgets, (budget, p.seq, p))
             if len(slot.step_budgets) > 4 * slot.running + 64:
                 self._compact_budgets(slot)
+        if flags.cancel_late:
+            heap = self.deadlines
+            heappush(heap, (p.deadline, p.seq, p))
+            if len(heap) > 4 * len(self.inflight) + 64:
+                self._compact_deadlines()
         self.stats.dispatched += 1
         out.append(Decision(
             p.request_id, t, p.model, self.pool, ACCEPT, reason, now, p.attempt, slot.gpu_id,
@@ -77,6 +82,17 @@ class PoolOutcomes(PoolPlacement):
                 live.append(e)
         heapify(live)
         slot.step_budgets = live
+
+    def _compact_deadlines(self) -> None:
+        inflight = self.inflight
+        live = []
+        for e in self.deadlines:
+            r = e[2]
+            assert isinstance(r, Pending)
+            if r.seq == e[1] and inflight.get(r.request_id) is r:
+                live.append(e)
+        heapify(live)
+        self.deadlines = live
 
     # --- waiting and refusing ---------------------------------------------------------
     def _queue_or_refuse(

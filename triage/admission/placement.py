@@ -91,6 +91,7 @@ class DispatcherStats:
 
     __slots__ = (
         "completed",
+        "cut_late",
         "dispatched",
         "failed",
         "preemptions",
@@ -109,6 +110,7 @@ class DispatcherStats:
         self.failed = 0
         self.preemptions = 0
         self.recompute_tokens = 0
+        self.cut_late = 0  # runners stopped past their deadline (cancel_late; in timed_out)
 
     @property
     def preemption_rate(self) -> float:
@@ -158,6 +160,9 @@ class PoolPlacement:
         # hold_one_gpu: GPU index -> (the aged head holding it, when it is due to fit);
         # rebuilt by each dispatch pass, the last pass's kept to keep a head's GPU stable
         self.holds: dict[int, tuple[str, float]] = {}
+        # cancel_late: runners by deadline, (deadline, seq, request); entries of requests
+        # that left are dropped as they come up (outcomes.py keeps the heap bounded)
+        self.deadlines: list[tuple[float, int, object]] = []
         self._last_holds: dict[str, tuple[int, float]] = {}
 
     # --- membership of GPUs -----------------------------------------------------------

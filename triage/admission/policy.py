@@ -34,6 +34,7 @@ _FLAG_FIELDS = (
     "overage_when_idle",
     "pressure",
     "clairvoyant",
+    "cancel_late",
     "engine_queue_ttft_s",
     "variance_buffer",
     "preempt_sla_factor",
@@ -72,6 +73,7 @@ class PolicyFlags(Record):
         overage_when_idle: bool,
         pressure: bool,
         clairvoyant: bool,
+        cancel_late: bool,
         engine_queue_ttft_s: float | None,
         variance_buffer: float | None,
         preempt_sla_factor: float,
@@ -100,6 +102,8 @@ class PolicyFlags(Record):
         self.pressure: Final = pressure  # fairness inflates heavy senders' service
         # reference only: the true output length and service model (simulator)
         self.clairvoyant: Final = clairvoyant
+        # a tightened pool stops a running request once its deadline has passed
+        self.cancel_late: Final = cancel_late
         # baseline: engines refuse past this target TTFT of queued prompt tokens
         self.engine_queue_ttft_s: Final = engine_queue_ttft_s
         # fixed buffer; None: the predictor's adaptive buffer
@@ -122,18 +126,19 @@ class PolicyFlags(Record):
         self.tight_share_tolerance: Final = tight_share_tolerance
 
 
-_OFF = {"overage_when_idle": False, "pressure": False, "clairvoyant": False}
+_OFF = {"overage_when_idle": False, "pressure": False, "clairvoyant": False,
+        "cancel_late": False}
 _PRESETS: dict[PolicyPreset, dict[str, bool]] = {
     PolicyPreset.FULL: {
         "quota": True, "borrowing": True, "memory_fit": True, "sla_fit": True, "queue": True,
         "fairness": True, "preemption": True, "hysteresis": True, "overage_when_idle": True,
-        "pressure": True, "clairvoyant": False,
+        "pressure": True, "clairvoyant": False, "cancel_late": True,
     },
     # The full policy told what only the GPU knows: an upper reference, not a policy.
     PolicyPreset.CLAIRVOYANT: {
         "quota": True, "borrowing": True, "memory_fit": True, "sla_fit": True, "queue": True,
         "fairness": True, "preemption": True, "hysteresis": True, "overage_when_idle": True,
-        "pressure": True, "clairvoyant": True,
+        "pressure": True, "clairvoyant": True, "cancel_late": True,
     },
     # VTC (Sheng et al., OSDI'24): fair queuing on weighted token counters, serving the
     # first request that fits in counter order; it never refuses.
@@ -157,6 +162,7 @@ _PRESETS: dict[PolicyPreset, dict[str, bool]] = {
         "quota": True, "borrowing": False, "memory_fit": False, "sla_fit": False,
         "queue": False, "fairness": False, "preemption": False, "hysteresis": True,
         "overage_when_idle": True, "pressure": False, "clairvoyant": False,
+        "cancel_late": False,
     },
     # An engine with no front door: everything goes straight to a GPU.
     PolicyPreset.ADMIT_ALL: {

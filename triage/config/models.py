@@ -233,6 +233,12 @@ class PolicyConfig(StrictModel):
         None, description="Reference only (simulator): predict with each request's true "
         "output length and the true service model.",
     )
+    cancel_late: bool | None = Field(
+        None, description="A running request whose SLA deadline has passed is stopped while "
+        "its pool is tightened (saturated) and answered `timeout` (deadline_unreachable): it "
+        "has missed already, and its GPU time goes to requests that can still meet theirs. "
+        "Off: late work runs to the end. None: the preset's (full: on; the baselines: off).",
+    )
     engine_queue_ttft_s: PositiveFloat | None = Field(
         None, description="Baseline engine_queue_cap: each engine refuses new work once its "
         "queued prompt tokens exceed this target TTFT x its prefill rate.",

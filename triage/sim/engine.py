@@ -327,6 +327,8 @@ class Simulator:
                 lv.stats.reject(str(d.reason), now, d.retry_after_s)
                 self._end(lv)
             elif o is TIMEOUT:
+                if d.gpu_id is not None:  # stopped while running (cancel_late)
+                    self._stop_attempt(lv, now)
                 lv.stats.timeout(str(d.reason), now, d.retry_after_s)
                 self._end(lv)
             elif o is PREEMPT:
@@ -372,13 +374,19 @@ class Simulator:
         st = lv.stats
         st.core_preemptions += 1
         st.recompute_core += d.recompute_tokens or 0
+        if lv.attempt == d.attempt:
+            self._stop_attempt(lv, now)
+
+    def _stop_attempt(self, lv: _Live, now: float) -> None:
+        """Abort `lv`'s current attempt on its GPU (a preemption, or a request the core
+        stopped past its deadline)."""
         g = lv.gpu
-        if g is None or lv.attempt != d.attempt:
+        if g is None:
             return
         fs = g.engine.abort(lv.key, now)
         if fs is not None:
             del self._by_key[lv.key]
-            self._engine_costs(st, fs)
+            self._engine_costs(lv.stats, fs)
         # else it finished at this instant: its result is reported (stale) when drained
         lv.gpu = None
         if not g.dirty:

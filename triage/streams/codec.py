@@ -123,6 +123,9 @@ def control_for(d: Decision) -> ControlMessage | None:
     if d.outcome is Outcome.PREEMPT:
         return ControlMessage(kind=ControlKind.PREEMPT, request_id=d.request_id,
                               attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
+    if d.outcome is Outcome.TIMEOUT:  # stopped running past its deadline (cancel_late)
+        return ControlMessage(kind=ControlKind.CANCEL, request_id=d.request_id,
+                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
     if d.outcome is Outcome.COMPLETE and d.detail and "cancelled" in d.detail:
         return ControlMessage(kind=ControlKind.CANCEL, request_id=d.request_id,
                               attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))

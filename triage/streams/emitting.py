@@ -128,7 +128,8 @@ class ServiceOutputs:
             if sla is not None and d.latency_s is not None and d.latency_s > sla:
                 self._violation(d, side)
         elif d.outcome is Outcome.TIMEOUT:
-            m.child(m.queue_timeouts, d.tenant, d.model, d.reason.value).inc()
+            if d.gpu_id is None:  # else it was stopped running past its deadline
+                m.child(m.queue_timeouts, d.tenant, d.model, d.reason.value).inc()
             if d.queue_wait_s is not None:
                 m.child(m.queue_wait, d.tenant, d.model).observe(d.queue_wait_s)
             self._violation(d, side)
@@ -156,7 +157,9 @@ class ServiceOutputs:
 
     def _violation(self, d: Decision, side: RequestSide | None) -> None:
         queued_for = side.queued_for if side else None
-        if queued_for in MEMORY_REASONS:
+        if d.outcome is Outcome.TIMEOUT and d.gpu_id is not None:
+            cause = "compute_saturation"  # it ran, and ran past its deadline
+        elif queued_for in MEMORY_REASONS:
             cause = "memory_pressure"
         elif queued_for is not None or d.outcome is Outcome.TIMEOUT:
             cause = "queueing"
