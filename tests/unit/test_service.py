@@ -159,3 +159,31 @@ def test_gauges_sample_the_core_once_a_second_not_every_tick() -> None:
         svc.on_tick(now)
     assert GAUGES_EVERY_S == 1.0
     assert [round(t, 2) for t in sampled] == [100.0, 101.0, 102.0]
+
+
+def test_a_runner_stopped_past_its_deadline_gets_one_timeout_reply_and_a_cancel() -> None:
+    """`policy.cancel_late` through the shell: the terminal reply, the control that stops
+    the attempt on its GPU, the done record; the worker's report of the stopped attempt
+    afterwards sends nothing more."""
+    from triage.topics.messages import ControlKind, ControlMessage
+
+    svc, out, store = _service(sla_ms=5_000, max_queue_wait_ms=30_000)
+    _send(svc, _req("r1", prompt=100, max_tokens=100), 1.0)
+    assert [r.status for r in _replies(out)] == [ReplyStatus.ACCEPTED]
+    svc.core.dispatchers["p"].monitor.tightened = True
+    svc.on_tick(3.0)  # not yet past its deadline (6 s)
+    assert [r.status for r in _replies(out)] == [ReplyStatus.ACCEPTED]
+    svc.on_tick(20.0)
+    replies = _replies(out)
+    assert [r.status for r in replies] == [ReplyStatus.ACCEPTED, ReplyStatus.TIMED_OUT]
+    assert replies[-1].reason is ReasonCode.DEADLINE_UNREACHABLE
+    (control,) = [ControlMessage.from_bytes(v) for v in out.on(NAMES.gpu_control("g0"))]
+    assert (control.kind, control.request_id, control.attempt) == (ControlKind.CANCEL, "r1", 0)
+    rec = store.get_request("r1")
+    assert rec is not None and rec.state is LiveState.DONE
+    c = Completion(request_id="r1", attempt=0, tenant="a", model="m8", pool="p", gpu_id="g0",
+                   gpu_type="g", status=CompletionStatus.CANCELLED, prompt_tokens=100,
+                   output_tokens=60, max_tokens=100, prefill_s=0.01, decode_s=18.0,
+                   started_at_ms=1000, finished_at_ms=20_100)
+    svc.on_completion(c.to_bytes(), now=20.1)
+    assert len(_replies(out)) == 2
