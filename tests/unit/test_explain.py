@@ -270,3 +270,12 @@ def test_cli_audit_from_file(tmp_path: Path) -> None:
     assert "no decisions recorded for request req-404" in res.stderr
     res = runner.invoke(app, ["audit", "req-1", "--from-file", str(tmp_path / "nope.jsonl")])
     assert res.exit_code == 3
+
+
+def test_a_runner_stopped_past_its_deadline_reads_as_stopped_on_its_gpu() -> None:
+    """`policy.cancel_late`: the same reason as a queued request that can no longer make
+    it, told apart by the GPU it ran on."""
+    stopped = sentence(record(ReasonCode.DEADLINE_UNREACHABLE, gpu_id="gpu-1"))
+    assert "still running on gpu-1 past its SLA deadline" in stopped and "stopped" in stopped
+    queued = sentence(record(ReasonCode.DEADLINE_UNREACHABLE))
+    assert "could no longer finish" in queued and "gpu" not in queued

@@ -262,6 +262,9 @@ def _queue_timeout(r: DecisionRecord) -> str:
 
 
 def _deadline(r: DecisionRecord) -> str:
+    if r.gpu_id:  # stopped while running (policy.cancel_late)
+        return (f"it was still running{_gpu(r)} past its SLA deadline on a saturated pool, "
+                "so it was stopped") + _paren(_timing(r.inputs))
     return "it could no longer finish inside its SLA" + _paren(_waited(r), _timing(r.inputs))
 
 
