@@ -247,12 +247,11 @@ class Dispatcher(QueueServing):
         fast ones only. Below saturation late work runs to its end: it takes nothing
         anyone is waiting for."""
         heap = self.deadlines
-        inflight = self.inflight
         while heap and heap[0][0] < now:
             _deadline, seq, r = heappop(heap)
+            if not self._running(r, seq):
+                continue
             assert isinstance(r, Pending)
-            if r.seq != seq or inflight.get(r.request_id) is not r:
-                continue  # finished, preempted or requeued since
             ripe = r.dispatched_at + CUT_PAST_PREDICTION * r.predicted_s
             if ripe > now:  # late, but maybe near its end: look again then
                 heappush(heap, (ripe, seq, r))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from triage.admission.decision import ACCEPT, PREEMPT, QUEUE, REJECT, Decision
-from triage.admission.heaps import heapify, heappush
+from triage.admission.heaps import heappush
 from triage.admission.kvcache import GpuSlot
 from triage.admission.pending import Pending
 from triage.admission.placement import PoolPlacement
@@ -57,12 +57,12 @@ class PoolOutcomes(PoolPlacement):
             budget = (p.deadline - now) / pred * cost.decode_step(p.dispatch_n)
             heappush(slot.step_budgets, (budget, p.seq, p))
             if len(slot.step_budgets) > 4 * slot.running + 64:
-                self._compact_budgets(slot)
+                slot.step_budgets = self._compacted(slot.step_budgets, slot)
         if flags.cancel_late:
             heap = self.deadlines
             heappush(heap, (p.deadline, p.seq, p))
             if len(heap) > 4 * len(self.inflight) + 64:
-                self._compact_deadlines()
+                self.deadlines = self._compacted(heap)
         self.stats.dispatched += 1
         out.append(Decision(
             p.request_id, t, p.model, self.pool, ACCEPT, reason, now, p.attempt, slot.gpu_id,
@@ -71,28 +71,6 @@ class PoolOutcomes(PoolPlacement):
             self._buffer(p.model), p.sla_s, p.deadline - now, None, None, None, p.overage,
             None, None, p.recompute_tokens or None, None, None, None,
         ))
-
-    def _compact_budgets(self, slot: GpuSlot) -> None:
-        inflight = self.inflight
-        live = []
-        for e in slot.step_budgets:
-            r = e[2]
-            assert isinstance(r, Pending)
-            if r.seq == e[1] and r.gpu is slot and inflight.get(r.request_id) is r:
-                live.append(e)
-        heapify(live)
-        slot.step_budgets = live
-
-    def _compact_deadlines(self) -> None:
-        inflight = self.inflight
-        live = []
-        for e in self.deadlines:
-            r = e[2]
-            assert isinstance(r, Pending)
-            if r.seq == e[1] and inflight.get(r.request_id) is r:
-                live.append(e)
-        heapify(live)
-        self.deadlines = live
 
     # --- waiting and refusing ---------------------------------------------------------
     def _queue_or_refuse(

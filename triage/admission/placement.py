@@ -15,7 +15,7 @@ from typing import Final
 
 from triage.admission.decision import ScaleEvent
 from triage.admission.fairness import FairShare
-from triage.admission.heaps import heappop
+from triage.admission.heaps import heapify, heappop
 from triage.admission.holding import soonest_fit
 from triage.admission.hysteresis import HysteresisMonitor, HysteresisSettings
 from triage.admission.kvcache import GpuSlot, PoolLedger
@@ -343,14 +343,29 @@ class PoolPlacement:
         still ends inside its SLA as predicted at its dispatch): over-quota work may
         only use capacity that slows nobody within quota into a miss."""
         heap = slot.step_budgets
-        inflight = self.inflight
         while heap:
             budget, seq, r = heap[0]
-            assert isinstance(r, Pending)
-            if r.seq == seq and r.gpu is slot and inflight.get(r.request_id) is r:
+            if self._running(r, seq, slot):
                 return budget
             heappop(heap)
         return 1e18
+
+    def _running(self, r: object, seq: int, slot: GpuSlot | None = None) -> bool:
+        """Is a heap entry's request (`r`, pushed at its dispatch numbered `seq`) still
+        running that attempt (on `slot`, if given)? The step-budget and deadline heaps
+        drop entries lazily: a request that finished, was preempted or requeued since
+        leaves its entry behind."""
+        assert isinstance(r, Pending)
+        return (r.seq == seq and (slot is None or r.gpu is slot)
+                and self.inflight.get(r.request_id) is r)
+
+    def _compacted(
+        self, entries: list[tuple[float, int, object]], slot: GpuSlot | None = None
+    ) -> list[tuple[float, int, object]]:
+        """`entries` without those `_running` drops, as a heap again."""
+        live = [e for e in entries if self._running(e[2], e[1], slot)]
+        heapify(live)
+        return live
 
     def _round_robin(self) -> GpuSlot | None:
         slots = self.ledger.slots

@@ -117,19 +117,19 @@ def work_item(
 
 
 def control_for(d: Decision) -> ControlMessage | None:
-    """Stop an attempt on its GPU: a preemption, or a newer attempt made redundant."""
+    """Stop an attempt on its GPU: a preemption, a newer attempt made redundant, or a
+    runner stopped past its deadline."""
     if d.gpu_id is None:
         return None
     if d.outcome is Outcome.PREEMPT:
-        return ControlMessage(kind=ControlKind.PREEMPT, request_id=d.request_id,
-                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
-    if d.outcome is Outcome.TIMEOUT:  # stopped running past its deadline (cancel_late)
-        return ControlMessage(kind=ControlKind.CANCEL, request_id=d.request_id,
-                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
-    if d.outcome is Outcome.COMPLETE and d.detail and "cancelled" in d.detail:
-        return ControlMessage(kind=ControlKind.CANCEL, request_id=d.request_id,
-                              attempt=d.attempt, gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
-    return None
+        kind = ControlKind.PREEMPT
+    elif d.outcome is Outcome.TIMEOUT or (  # a runner stopped past its deadline (cancel_late)
+            d.outcome is Outcome.COMPLETE and d.detail and "cancelled" in d.detail):
+        kind = ControlKind.CANCEL
+    else:
+        return None
+    return ControlMessage(kind=kind, request_id=d.request_id, attempt=d.attempt,
+                          gpu_id=d.gpu_id, reason=d.reason, at_ms=ms(d.at))
 
 
 def scale_signal(e: ScaleEvent) -> ScaleSignal:
