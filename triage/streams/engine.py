@@ -15,7 +15,7 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 
 from triage.config.models import TriageConfig
 from triage.kafka.security import faust_credentials
-from triage.streams import faust_fixes, fetch_scan, fetch_sessions, per_partition
+from triage.streams import eager, faust_fixes, fetch_scan, fetch_sessions, per_partition
 from triage.streams.changelog import ChangelogProducer
 from triage.streams.outbox import KafkaOutbox, reply_marks_topic
 from triage.topics.admin import TopicSpec, ensure_topics
@@ -96,6 +96,7 @@ def install_patches(fresh_pattern: str) -> None:
     _short_gil_slices()
     _short_fetch_waits()
     per_partition.install()
+    eager.install()
     faust_fixes.commit_against_one_assignment()  # before the wrapper below, which calls it
     faust_fixes.skip_commits_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
