@@ -105,3 +105,16 @@ def test_zoomed_axis_only_where_zero_hides_differences() -> None:
     assert zoomed_floor([9_000.0, 9_400.0]) > 0  # 4% apart: a zero base hides it
     assert zoomed_floor([9_000.0, 9_400.0]) < 9_000.0
     assert zoomed_floor([1_000.0, 9_400.0]) == 0.0
+
+
+def test_the_cli_starts_without_matplotlib() -> None:
+    """Every `triage` process (the admission app, a worker after kill -9) imports the CLI;
+    the plotting modules load only when a report is drawn."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c",
+         "import sys, triage.cli.main; print('matplotlib' in sys.modules)"],
+        capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
