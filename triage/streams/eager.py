@@ -7,8 +7,8 @@ stop and crash) in four tasks, waits for the first, and cancels the other three.
 paid per record, on request, completion, heartbeat and standby changelog records alike,
 while a delivery almost never waits: it puts the event on a stream's or the changelog
 reader's queue, which has room. With a standby replica every request's ~3 changelog
-records cross this loop on the other instance too (docs/architecture.md, "Standby
-replicas").
+records cross this loop on the other instance too (docs/architecture.md, "Delivery
+without four tasks per record").
 
 Here the delivery runs eagerly first, as Python 3.12's eager tasks do: its coroutine is
 stepped once on the spot, and when it finishes without suspending (the queue had room)
@@ -29,7 +29,8 @@ from typing import Any, cast
 from faust.tables import recovery as faust_recovery
 from faust.transport import consumer as faust_consumer
 
-FAUST_DRAIN: Any = faust_consumer.Consumer._drain_messages  # the loop replaced (for the tests)
+# Faust's loop, taken at import (before `install` can replace it): the tests compare ours to it
+FAUST_DRAIN: Any = faust_consumer.Consumer._drain_messages
 
 
 class Resumed:
@@ -171,8 +172,6 @@ def install() -> None:
     cls = cast(Any, faust_consumer.Consumer)
     if getattr(cls, "_triage_eager_delivery", False):
         return
-    global FAUST_DRAIN
-    FAUST_DRAIN = cls._drain_messages
     cls._drain_messages = _drain_messages
     cast(Any, faust_recovery).asyncio = _RecoveryAsyncio()
     cls._triage_eager_delivery = True
