@@ -46,3 +46,45 @@ def test_a_commit_reads_the_assignment_once_and_commits_only_assigned_partitions
     assert calls[0] == 1
     assert {(tp.topic, m.offset) for tp, m in consumer.committed.items()} == {
         (f"t{i}", i) for i in range(0, 100, 3)}
+
+
+def test_highwater_of_a_partition_revoked_by_a_resubscription_is_unknown_not_a_crash() -> None:
+    """The CI crash of the chaos `config` scenario: the consumer thread resubscribed
+    (a tenant removed) while the main loop still delivered a batch; aiokafka's
+    `highwater` asserted the partition was assigned and the app exited."""
+    from aiokafka.consumer.consumer import AIOKafkaConsumer
+    from aiokafka.consumer.subscription_state import SubscriptionState
+    from aiokafka.structs import TopicPartition
+
+    cls: Any = faust_aiokafka.AIOKafkaConsumerThread
+    original = cls.highwater
+    faust_fixes.highwater_while_resubscribing()
+    tp = TopicPartition("requests", 0)
+
+    async def scenario() -> list[Any]:
+        state = SubscriptionState()
+        state.subscribe(topics={"requests"})
+        state.assign_from_subscribed({tp})
+        state.subscription.assignment.state_value(tp).highwater = 42
+
+        class Consumer:
+            _subscription = state
+            highwater = AIOKafkaConsumer.highwater
+
+        class Thread:
+            consumer = type("Faust", (), {"in_transaction": False})()
+
+            def _ensure_consumer(self) -> Any:
+                return Consumer()
+
+        thread = Thread()
+        seen = [cls.highwater(thread, tp)]
+        state.subscribe(topics={"requests", "replies.new-tenant"})  # the thread resubscribes
+        seen.append(cls.highwater(thread, tp))
+        try:
+            original(thread, tp)
+        except AssertionError as exc:
+            seen.append(str(exc))
+        return seen
+
+    assert asyncio.run(scenario()) == [42, None, "Partition is not assigned"]

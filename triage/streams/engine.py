@@ -99,6 +99,7 @@ def install_patches(fresh_pattern: str) -> None:
     eager.install()
     faust_fixes.commit_against_one_assignment()  # before the wrapper below, which calls it
     faust_fixes.skip_commits_while_resubscribing()
+    faust_fixes.highwater_while_resubscribing()
     faust_fixes.read_fresh_partitions_from_the_start(fresh_pattern)
 
 

@@ -115,6 +115,32 @@ def skip_commits_while_resubscribing() -> None:
     cls._triage_commit_after_resubscribe = True
 
 
+def highwater_while_resubscribing() -> None:
+    """Faust's getmany asks the consumer for each record's partition highwater, and
+    aiokafka asserts that the partition is assigned. A resubscription on the consumer's
+    thread (a tenant added or removed) replaces the assignment at once, while the main
+    loop is still delivering the batch fetched before it: the assertion then crashed the
+    app (CI, the chaos `config` scenario; faust-streaming PRs #506/#507 met the same race).
+    The highwater is only a lag figure and aiokafka already answers None when it is
+    unknown, so a partition no longer assigned answers None too. The assignment is read
+    once, so the thread cannot replace it between the check and the read."""
+    cls: Any = faust_aiokafka.AIOKafkaConsumerThread
+    if getattr(cls, "_triage_highwater_unassigned", False):
+        return
+    highwater = cls.highwater
+
+    def highwater_or_none(self: Any, tp: Any) -> int | None:
+        if self.consumer.in_transaction:  # Faust's own path (not ours): unchanged
+            return highwater(self, tp)  # type: ignore[no-any-return]
+        sub = self._ensure_consumer()._subscription.subscription
+        assignment = None if sub is None else sub.assignment
+        state = None if assignment is None else assignment.state_value(tp)
+        return None if state is None else state.highwater
+
+    cls.highwater = highwater_or_none
+    cls._triage_highwater_unassigned = True
+
+
 def read_fresh_partitions_from_the_start(pattern: str) -> None:
     """After every rebalance Faust drops the records it fetched before its streams resumed
     and rewinds each partition to its committed offset. aiokafka's seek_to_committed skips
