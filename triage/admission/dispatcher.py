@@ -86,8 +86,7 @@ class Dispatcher(QueueServing):
                 predicted_s=idle, detail="even an idle GPU would miss the SLA",
             )
         if flags.sla_fit and now + idle > p.deadline:  # created long before it reached us
-            self.fair.leave(p.tenant)
-            self._settle(p, 0.0)
+            self._leave(p, 0.0)
             self.stats.timed_out += 1
             out.append(self._about(
                 p, TIMEOUT, R.DEADLINE_UNREACHABLE, now, predicted_s=idle,
@@ -154,10 +153,9 @@ class Dispatcher(QueueServing):
         if preempted:  # stopped by the worker itself (shutdown): run it again
             self._requeue(p, now, R.GPU_LOST, out)
         else:
-            self.fair.leave(p.tenant)
             slot = p.gpu
             assert isinstance(slot, GpuSlot)
-            self._settle(p, float(p.prompt_tokens + output_tokens) if ok else 0.0)
+            self._leave(p, float(p.prompt_tokens + output_tokens) if ok else 0.0)
             if ok and self.flags.clairvoyant:
                 self.stats.completed += 1  # the true model needs no learning
             elif ok:
@@ -202,8 +200,7 @@ class Dispatcher(QueueServing):
             assert isinstance(slot, GpuSlot)
             cancelled_gpu = slot.gpu_id
             self._release(running)
-        self.fair.leave(p.tenant)
-        self._settle(p, float(p.prompt_tokens) + p.expected_out)
+        self._leave(p, float(p.prompt_tokens) + p.expected_out)
         self.stats.completed += 1
         out.append(Decision(
             p.request_id, p.tenant, p.model, self.pool, COMPLETE, R.COMPLETED, now,
@@ -223,8 +220,7 @@ class Dispatcher(QueueServing):
             if self._last_chance(p, now, out):
                 continue
             q.remove(p, self.fair.key(p.tenant), self._queued_work(p))
-            self.fair.leave(p.tenant)
-            self._settle(p, 0.0)
+            self._leave(p, 0.0)
             self.stats.timed_out += 1
             reason = R.DEADLINE_UNREACHABLE if p.timeout_reason else R.QUEUE_TIMEOUT
             out.append(self._about(p, TIMEOUT, reason, now, retry_after_s=self._drain_s(q.work_s)))
@@ -266,8 +262,7 @@ class Dispatcher(QueueServing):
                 concurrency=float(slot.running),
             )
             self._release(r)
-            self.fair.leave(r.tenant)
-            self._settle(r, float(r.prompt_tokens + made))
+            self._leave(r, float(r.prompt_tokens + made))
             self.stats.timed_out += 1
             self.stats.cut_late += 1
             out.append(Decision(

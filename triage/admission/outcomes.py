@@ -108,16 +108,18 @@ class PoolOutcomes(PoolPlacement):
         self, p: Pending, reason: ReasonCode, now: float, retry_s: float | None,
         out: list[Decision], *, predicted_s: float | None = None, detail: str | None = None,
     ) -> list[Decision]:
-        self.fair.leave(p.tenant)
-        self._settle(p, 0.0)
+        self._leave(p, 0.0)
         self.stats.rejected += 1
         out.append(self._about(
             p, REJECT, reason, now, retry_after_s=retry_s, predicted_s=predicted_s, detail=detail,
         ))
         return out
 
-    def _settle(self, p: Pending, used: float) -> None:
-        """`p` leaves: its charge becomes what it used (nothing unless it completed)."""
+    def _leave(self, p: Pending, used: float) -> None:
+        """`p` leaves the pool for good (refused, timed out, completed, cut): its tenant
+        has one request fewer in the fair order, and its charge becomes what it used
+        (nothing unless it ran)."""
+        self.fair.leave(p.tenant)
         charged = p.charged
         if charged > 0.0:
             self.settlements.append((p.tenant, charged - used))

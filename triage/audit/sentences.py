@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from triage.audit.units import count, human_bytes, millis, percent, seconds, tokens
 from triage.topics.messages import DecisionInputs, DecisionRecord
-from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.reasons import Outcome, ReasonCode, stopped_running
 
 Template = Callable[[DecisionRecord], str]
 
@@ -262,7 +262,7 @@ def _queue_timeout(r: DecisionRecord) -> str:
 
 
 def _deadline(r: DecisionRecord) -> str:
-    if r.gpu_id:  # stopped while running (policy.cancel_late)
+    if stopped_running(r.outcome, r.gpu_id):
         return (f"it was still running{_gpu(r)} past its SLA deadline on a saturated pool, "
                 "so it was stopped") + _paren(_timing(r.inputs))
     return "it could no longer finish inside its SLA" + _paren(_waited(r), _timing(r.inputs))

@@ -52,7 +52,7 @@ from triage.sim.metrics import TenantStats
 from triage.sim.result import SimResult, build_result
 from triage.sim.series import TimeSeries
 from triage.sim.workload import Arrival
-from triage.topics.reasons import ReasonCode
+from triage.topics.reasons import ReasonCode, stopped_running
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +327,7 @@ class Simulator:
                 lv.stats.reject(str(d.reason), now, d.retry_after_s)
                 self._end(lv)
             elif o is TIMEOUT:
-                if d.gpu_id is not None:  # stopped while running (cancel_late)
+                if stopped_running(o, d.gpu_id):
                     self._stop_attempt(lv, now)
                 lv.stats.timeout(str(d.reason), now, d.retry_after_s)
                 self._end(lv)

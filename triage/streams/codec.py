@@ -22,7 +22,7 @@ from triage.topics.messages import (
     ScaleDirection,
     ScaleSignal,
 )
-from triage.topics.reasons import Outcome, reply_status
+from triage.topics.reasons import Outcome, reply_status, stopped_running
 
 
 def ms(seconds: float) -> int:
@@ -123,7 +123,7 @@ def control_for(d: Decision) -> ControlMessage | None:
         return None
     if d.outcome is Outcome.PREEMPT:
         kind = ControlKind.PREEMPT
-    elif d.outcome is Outcome.TIMEOUT or (  # a runner stopped past its deadline (cancel_late)
+    elif stopped_running(d.outcome, d.gpu_id) or (  # or a newer attempt made this redundant
             d.outcome is Outcome.COMPLETE and d.detail and "cancelled" in d.detail):
         kind = ControlKind.CANCEL
     else:

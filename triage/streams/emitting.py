@@ -18,7 +18,7 @@ from triage.streams.outbox import Outbox
 from triage.streams.store import Bucket, StateStore
 from triage.topics.messages import BucketState, ChatMessage, LiveState
 from triage.topics.names import TopicNames
-from triage.topics.reasons import Outcome, ReasonCode
+from triage.topics.reasons import Outcome, ReasonCode, stopped_running
 
 MEMORY_REASONS = frozenset({
     ReasonCode.GPU_MEMORY_INSUFFICIENT, ReasonCode.RESERVATION_FLOOR, ReasonCode.NO_CAPACITY,
@@ -128,7 +128,7 @@ class ServiceOutputs:
             if sla is not None and d.latency_s is not None and d.latency_s > sla:
                 self._violation(d, side)
         elif d.outcome is Outcome.TIMEOUT:
-            if d.gpu_id is None:  # else it was stopped running past its deadline
+            if not stopped_running(d.outcome, d.gpu_id):
                 m.child(m.queue_timeouts, d.tenant, d.model, d.reason.value).inc()
             if d.queue_wait_s is not None:
                 m.child(m.queue_wait, d.tenant, d.model).observe(d.queue_wait_s)
@@ -157,7 +157,7 @@ class ServiceOutputs:
 
     def _violation(self, d: Decision, side: RequestSide | None) -> None:
         queued_for = side.queued_for if side else None
-        if d.outcome is Outcome.TIMEOUT and d.gpu_id is not None:
+        if stopped_running(d.outcome, d.gpu_id):
             cause = "compute_saturation"  # it ran, and ran past its deadline
         elif queued_for in MEMORY_REASONS:
             cause = "memory_pressure"

@@ -105,3 +105,11 @@ def reply_status(outcome: Outcome, reason: ReasonCode) -> ReplyStatus:
     if outcome is Outcome.COMPLETE:
         return ReplyStatus.COMPLETED if reason is ReasonCode.COMPLETED else ReplyStatus.FAILED
     return _REPLY_STATUS[outcome]
+
+
+def stopped_running(outcome: Outcome, gpu_id: str | None) -> bool:
+    """Was this TIMEOUT a request stopped while it ran (past its deadline on a saturated
+    pool: policy.cancel_late)? A TIMEOUT that names no GPU left the queue without running.
+    The one place that tells them apart: the audit's sentence, the violation's cause, the
+    worker's cancel and the simulator's stop all ask this."""
+    return outcome is Outcome.TIMEOUT and bool(gpu_id)
