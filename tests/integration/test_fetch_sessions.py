@@ -123,3 +123,43 @@ def test_a_consumer_in_a_fetch_session_reads_every_record_once_and_names_only_ch
     # a full fetch names all 60 partitions; most in-session ones name a few
     small = sum(1 for n in sizes if n <= TOPICS // 4)
     assert small >= 0.8 * len(sizes), sorted(sizes)[-20:]
+
+
+def test_an_idle_consumer_waits_for_the_first_byte_and_still_reads_every_record(
+    kafka_bootstrap: str, names: list[str],
+) -> None:
+    """Held for 16 KB or 5 ms (the app's settings), an idle consumer sent ~200 fetches a
+    second; after an empty fetch it now waits up to IDLE_WAIT_MS for the first byte. A
+    second of idleness is counted in fetches (at most ~1/IDLE_WAIT_MS of them, a fifth of
+    what 5 ms holds send, with room for a slow machine), and the records produced after
+    it are all read, once each."""
+    rng = random.Random(11)
+
+    async def run() -> tuple[list[int], int, int]:
+        consumer = AIOKafkaConsumer(
+            *names, bootstrap_servers=kafka_bootstrap, group_id=names[0].split(".")[0],
+            auto_offset_reset="earliest", fetch_max_wait_ms=5, fetch_min_bytes=16384,
+            enable_auto_commit=False,
+        )
+        await consumer.start()
+        client = fetch_sessions.install(consumer)
+        assert client is not None
+        seen: dict[str, list[int]] = defaultdict(list)
+        try:
+            await _read(consumer, seen, 0)
+            reading = asyncio.ensure_future(_read(consumer, seen, 200))  # a reader waiting
+            sent = fetch_sessions.SENT
+            fetches, waits = sent.full + sent.incremental, sent.long_waits
+            await asyncio.sleep(1.0)
+            idle_fetches = sent.full + sent.incremental - fetches
+            long_waits = sent.long_waits - waits
+            await asyncio.to_thread(_produce, kafka_bootstrap, names, 0, 200, rng)
+            await reading
+        finally:
+            await consumer.stop()
+        return [v for vs in seen.values() for v in vs], idle_fetches, long_waits
+
+    values, idle_fetches, long_waits = asyncio.run(run())
+    assert sorted(values) == list(range(200))  # every record, none twice
+    assert idle_fetches <= 1000 // fetch_sessions.IDLE_WAIT_MS * 4, idle_fetches
+    assert long_waits >= 3, long_waits

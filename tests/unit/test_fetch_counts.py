@@ -41,3 +41,5 @@ def test_every_session_adds_its_fetches_to_the_process_count_read_at_scrape(
     text = generate_latest(metrics.registry).decode()
     assert 'triage_admission_fetches{kind="full"} 3.0' in text
     assert 'triage_admission_fetches{kind="incremental"} 7.0' in text
+    sent.long_waits = 5
+    assert "triage_admission_fetch_long_waits 5.0" in generate_latest(metrics.registry).decode()

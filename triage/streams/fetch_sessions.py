@@ -26,6 +26,7 @@ the request says it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, Final
 
 from aiokafka.protocol.fetch import FetchRequest
@@ -33,6 +34,14 @@ from aiokafka.structs import TopicPartition
 
 log = logging.getLogger(__name__)
 
+# After a fetch that brought no records, and with no fetched records still waiting to be
+# consumed (their partitions would be left out of the fetch), the next one waits for the
+# first byte, up to this long. An idle consumer sent a fetch every 5 ms otherwise
+# (engine.FETCH_MAX_WAIT_MS, held for 16 KB): 200 a second, 10-12% of a core with no
+# traffic at all. Waiting for the first byte also answers a lone record at once, not
+# after the 5 ms hold. Once records flow, fetches are held as configured again, so a
+# steady stream is still fetched in batches (docs/architecture.md, "An idle consumer").
+IDLE_WAIT_MS: Final = 100
 FIRST_SESSION_VERSION: Final = 7  # FetchRequest v7 added session_id and session_epoch
 NEW_SESSION: Final = 0  # session_id 0 with epoch 0: "open a session for this full fetch"
 MAX_EPOCH: Final = 2**31 - 1
@@ -90,11 +99,12 @@ class FetchCounts:
     to it as it asks (a consumer started again later adds to the same figures, and
     nothing is kept per consumer); the metrics read it at scrape."""
 
-    __slots__ = ("full", "incremental")
+    __slots__ = ("full", "incremental", "long_waits")
 
     def __init__(self) -> None:
         self.full = 0
         self.incremental = 0
+        self.long_waits = 0  # of them, those that waited for the first byte (idle)
 
 
 SENT = FetchCounts()
@@ -232,9 +242,13 @@ class SessionClient:
     """The fetcher's view of the client: fetches go through their broker's session,
     everything else straight to aiokafka's client."""
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, buffered: Callable[[], bool] = lambda: False) -> None:
         self._client = client
         self.sessions: dict[int, FetchSession] = {}
+        self.idle: set[int] = set()  # brokers whose last fetch brought no records
+        # Does the consumer still hold fetched records? Their partitions are left out of
+        # the next fetch, and records arriving there would not end a long wait.
+        self._buffered = buffered
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
@@ -246,17 +260,42 @@ class SessionClient:
         if session is None:
             session = self.sessions[node_id] = FetchSession()
         req = session.request(request)
+        if node_id in self.idle and not self._buffered():
+            req._max_wait_ms, req._min_bytes = IDLE_WAIT_MS, 1
+            SENT.long_waits += 1
         try:
             response = await self._client.send(node_id, req, **kwargs)
         except BaseException:  # failed or cancelled: the broker's view is unknown now
             session.reset()
+            self.idle.discard(node_id)
             raise
+        if carries_records(response):
+            self.idle.discard(node_id)
+        else:
+            self.idle.add(node_id)
         if response.API_VERSION >= FIRST_SESSION_VERSION:
             session.answered(req, response.error_code, response.session_id)
             if response.error_code:
                 response.topics = []
         req.matched(response)
         return response
+
+
+def holds_unconsumed(fetcher: Any, wanted: set[Any] | None) -> bool:
+    """Does aiokafka's fetcher hold fetched records of a partition its reader still takes
+    from (`wanted`: the partitions the last read asked for; None, not known yet)? Records
+    of a partition the reader no longer asks for stay buffered for good: Faust stops
+    reading an active table's changelog after recovery, and one such result sat there."""
+    records = fetcher._records
+    if not records:
+        return False
+    return wanted is None or any(tp in wanted for tp in records)
+
+
+def carries_records(response: Any) -> bool:
+    """Does this fetch response hold any record bytes? (Each partition's last field is
+    its record set, in every FetchResponse version aiokafka reads.)"""
+    return any(part[-1] for _topic, partitions in response.topics for part in partitions)
 
 
 def _speaks_this_aiokafka() -> bool:
@@ -276,7 +315,16 @@ def install(consumer: Any) -> SessionClient | None:
         log.warning("aiokafka's FetchRequest is not the one fetch_sessions.py was written "
                     "for (0.14): fetching without sessions")
         return None
-    client = SessionClient(fetcher._client)
+    reading: list[set[Any] | None] = [None]  # what the last read asked for
+    fetched_records = fetcher.fetched_records
+
+    async def read(partitions: Any, timeout: float = 0, max_records: int | None = None) -> Any:
+        reading[0] = partitions
+        return await fetched_records(partitions, timeout=timeout, max_records=max_records)
+
+    fetcher.fetched_records = read
+    client = SessionClient(fetcher._client,
+                           buffered=lambda: holds_unconsumed(fetcher, reading[0]))
     fetcher._client = client
     return client
 

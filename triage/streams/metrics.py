@@ -37,9 +37,10 @@ if TYPE_CHECKING:
 
 
 def _fetched(pick: int) -> float:
-    """Fetches sent by every consumer of this process: full (0) or incremental (1)."""
+    """Fetches sent by every consumer of this process: full (0), incremental (1), or
+    how many of them waited for the first byte (2)."""
     sent = fetch_sessions.SENT
-    return float(sent.incremental if pick else sent.full)
+    return float((sent.full, sent.incremental, sent.long_waits)[pick])
 
 
 class AdmissionMetrics:
@@ -56,6 +57,11 @@ class AdmissionMetrics:
             registry=r)
         for kind, pick in (("full", 0), ("incremental", 1)):
             self.fetches.labels(kind).set_function(partial(_fetched, pick))
+        self.fetch_long_waits = Gauge(
+            "triage_admission_fetch_long_waits", "Of those fetches, the ones sent after an "
+            "empty one, which wait for the first byte (fetch_sessions.IDLE_WAIT_MS).",
+            registry=r)
+        self.fetch_long_waits.set_function(partial(_fetched, 2))
         self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
         self._tenants_set: object = None  # the tenant collection whose gauges all exist
         self._tenant_depths: dict[str, int] = {}  # the non-zero per-tenant depths last set
