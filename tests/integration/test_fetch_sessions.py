@@ -54,6 +54,19 @@ async def _read(consumer: AIOKafkaConsumer, seen: dict[str, list[int]], want: in
                 got += 1
 
 
+async def _started(bootstrap: str, names: list[str], **fetch: int,
+                   ) -> tuple[AIOKafkaConsumer, fetch_sessions.SessionClient]:
+    """A consumer of `names` from their beginning, started, its fetches in sessions."""
+    consumer = AIOKafkaConsumer(
+        *names, bootstrap_servers=bootstrap, group_id=names[0].split(".")[0],
+        auto_offset_reset="earliest", enable_auto_commit=False, **fetch,  # type: ignore[arg-type]
+    )
+    await consumer.start()
+    client = fetch_sessions.install(consumer)
+    assert client is not None
+    return consumer, client
+
+
 @pytest.fixture
 def names(kafka_bootstrap: str) -> Iterator[list[str]]:
     """TOPICS one-partition topics under a fresh prefix, deleted after the test."""
@@ -80,13 +93,7 @@ def test_a_consumer_in_a_fetch_session_reads_every_record_once_and_names_only_ch
         return struct
 
     async def run() -> tuple[dict[str, list[int]], fetch_sessions.SessionClient]:
-        consumer = AIOKafkaConsumer(
-            *names, bootstrap_servers=kafka_bootstrap, group_id=names[0].split(".")[0],
-            auto_offset_reset="earliest", fetch_max_wait_ms=20, enable_auto_commit=False,
-        )
-        await consumer.start()
-        client = fetch_sessions.install(consumer)
-        assert client is not None
+        consumer, client = await _started(kafka_bootstrap, names, fetch_max_wait_ms=20)
         seen: dict[str, list[int]] = defaultdict(list)
         try:
             await _read(consumer, seen, 0)
@@ -136,14 +143,8 @@ def test_an_idle_consumer_waits_for_the_first_byte_and_still_reads_every_record(
     rng = random.Random(11)
 
     async def run() -> tuple[list[int], int, int]:
-        consumer = AIOKafkaConsumer(
-            *names, bootstrap_servers=kafka_bootstrap, group_id=names[0].split(".")[0],
-            auto_offset_reset="earliest", fetch_max_wait_ms=5, fetch_min_bytes=16384,
-            enable_auto_commit=False,
-        )
-        await consumer.start()
-        client = fetch_sessions.install(consumer)
-        assert client is not None
+        consumer, _client = await _started(kafka_bootstrap, names, fetch_max_wait_ms=5,
+                                           fetch_min_bytes=16384)
         seen: dict[str, list[int]] = defaultdict(list)
         try:
             await _read(consumer, seen, 0)
