@@ -10,6 +10,7 @@ import random
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer
@@ -54,12 +55,12 @@ async def _read(consumer: AIOKafkaConsumer, seen: dict[str, list[int]], want: in
                 got += 1
 
 
-async def _started(bootstrap: str, names: list[str], **fetch: int,
+async def _started(bootstrap: str, names: list[str], **fetch: Any,
                    ) -> tuple[AIOKafkaConsumer, fetch_sessions.SessionClient]:
     """A consumer of `names` from their beginning, started, its fetches in sessions."""
     consumer = AIOKafkaConsumer(
         *names, bootstrap_servers=bootstrap, group_id=names[0].split(".")[0],
-        auto_offset_reset="earliest", enable_auto_commit=False, **fetch,  # type: ignore[arg-type]
+        auto_offset_reset="earliest", enable_auto_commit=False, **fetch,
     )
     await consumer.start()
     client = fetch_sessions.install(consumer)

@@ -25,7 +25,9 @@ from triage.topics.names import TopicKind, TopicNames
 # aiokafka's 1 byte, a steady trickle (a few hundred requests/s) made a fetch per record
 # or two, and fetching was the consumer thread's whole cost: at 500/s the app spent ~30%
 # more CPU per request than with fetches held 5 ms (docs/architecture.md, "Fetches held
-# a few milliseconds"). Under a flood 16 KB is there at once; idle, 5 ms is the poll.
+# a few milliseconds"). Under a flood 16 KB is there at once. After an empty fetch the
+# next one waits for the first byte instead (fetch_sessions.IDLE_WAIT_MS), so an idle
+# consumer does not poll every 5 ms.
 FETCH_MAX_WAIT_MS = 5
 FETCH_MIN_BYTES = 16384
 # aiokafka sends no fetch at all to a broker while a partition it leads still holds

@@ -94,6 +94,13 @@ def commit_against_one_assignment() -> None:
     cls._triage_commit_once_assigned = _commit  # kept: wrappers installed later call it
 
 
+def current_assignment(thread: Any) -> Any:
+    """aiokafka's assignment as Faust's consumer thread holds it now, read once (the
+    thread replaces it on a resubscription); None while a rebalance is under way."""
+    sub = thread._ensure_consumer()._subscription.subscription
+    return None if sub is None else sub.assignment
+
+
 def skip_commits_while_resubscribing() -> None:
     """A resubscription leaves aiokafka without an assignment until the rebalance ends; a
     commit in that window raises IllegalStateError, which Faust treats as fatal (the app
@@ -105,8 +112,7 @@ def skip_commits_while_resubscribing() -> None:
     commit = cls._commit
 
     async def _commit(self: Any, offsets: Any) -> bool:
-        sub = self._ensure_consumer()._subscription.subscription
-        if sub is None or sub.assignment is None:  # checked on the consumer's own loop
+        if current_assignment(self) is None:  # checked on the consumer's own loop
             log.info("commit skipped while the consumer group rebalances")
             return False
         return bool(await commit(self, offsets))
@@ -132,8 +138,7 @@ def highwater_while_resubscribing() -> None:
     def highwater_or_none(self: Any, tp: Any) -> int | None:
         if self.consumer.in_transaction:  # Faust's own path (not ours): unchanged
             return highwater(self, tp)  # type: ignore[no-any-return]
-        sub = self._ensure_consumer()._subscription.subscription
-        assignment = None if sub is None else sub.assignment
+        assignment = current_assignment(self)
         state = None if assignment is None else assignment.state_value(tp)
         return None if state is None else state.highwater
 

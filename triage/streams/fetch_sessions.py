@@ -242,7 +242,7 @@ class SessionClient:
     """The fetcher's view of the client: fetches go through their broker's session,
     everything else straight to aiokafka's client."""
 
-    def __init__(self, client: Any, buffered: Callable[[], bool] = lambda: False) -> None:
+    def __init__(self, client: Any, buffered: Callable[[], bool]) -> None:
         self._client = client
         self.sessions: dict[int, FetchSession] = {}
         self.idle: set[int] = set()  # brokers whose last fetch brought no records
