@@ -16,10 +16,25 @@ from triage.lifeline import child_env
 log = logging.getLogger(__name__)
 
 
+# The directory this process imported `triage` from: a child imports the same code.
+_TREE = str(Path(__file__).resolve().parents[2])
+
+
+def same_code_env(env: dict[str, str]) -> dict[str, str]:
+    """`env` with this process's tree first on PYTHONPATH. Children start with `-P`, so
+    their working directory is not put ahead of it: with `-m` alone, a bench run from one
+    checkout with PYTHONPATH naming another measured the first checkout's code in every
+    child (docs/architecture.md, "Measuring two builds")."""
+    if Path(_TREE).name in ("site-packages", "dist-packages"):
+        return env  # an installed package: the child finds the same one there
+    path = env.get("PYTHONPATH")
+    return {**env, "PYTHONPATH": _TREE if not path else f"{_TREE}{os.pathsep}{path}"}
+
+
 class ChildProcess:
-    """One `python -m triage ...` process with its output in a log file, in a session of
-    its own, stopped with SIGTERM should this process die without stopping it
-    (triage/lifeline.py)."""
+    """One `python -P -m triage ...` process running this process's own code (same_code_env),
+    with its output in a log file, in a session of its own, stopped with SIGTERM should
+    this process die without stopping it (triage/lifeline.py)."""
 
     def __init__(self, name: str, args: list[str], log_path: Path) -> None:
         self.name = name
@@ -29,10 +44,10 @@ class ChildProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **child_env()}
+        env = same_code_env({**os.environ, "PYTHONUNBUFFERED": "1", **child_env()})
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "triage", *self.args],
+                [sys.executable, "-P", "-m", "triage", *self.args],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
         log.info("started %s (pid %d), log %s", self.name, self.proc.pid, self.log_path)
